@@ -1,0 +1,349 @@
+"""RLHF algorithm math: advantages, losses, KL estimators and masking helpers.
+
+Everything here is a pure function of torch tensors, so the same formulas serve the GRPO and PPO
+loops, run on CPU or GPU, and are tested against hand-computed numbers (design decision 9).
+
+Shape conventions used throughout:
+
+* ``B`` is the number of sequences in a batch, ``T`` the number of token positions, ``V`` the
+  vocabulary size.
+* Token-level tensors are ``[B, T]``. ``mask`` has the same shape, with 1 (or ``True``) for a
+  response token that takes part in the loss and 0 for prompt or padding tokens.
+* Log-probabilities are natural-log probabilities of the token that was actually sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+KLEstimator = Literal["k1", "k3"]
+LossAggregation = Literal["token_mean", "sequence_mean"]
+
+
+# --------------------------------------------------------------------------------------------
+# Masking helpers
+# --------------------------------------------------------------------------------------------
+
+
+def zero_masked_out(values: Tensor, mask: Tensor) -> Tensor:
+    """``values`` with every masked-out position set to 0 (even if it held ``inf`` or NaN)."""
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``values`` where ``mask`` is set (over all elements, or along ``dim``).
+
+    Masked-out positions are selected away rather than multiplied by 0, so junk there (``inf``
+    or NaN log-probs of padding, say) cannot leak into the result.
+    """
+    masked = zero_masked_out(values, mask)
+    return masked.sum() if dim is None else masked.sum(dim=dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` where ``mask`` is set.
+
+    A row (or a whole tensor) with no masked-in element has mean 0 rather than NaN, so that a
+    fully padded sequence contributes nothing instead of poisoning the loss.
+    """
+    weights = mask.to(values.dtype)
+    count = weights.sum() if dim is None else weights.sum(dim=dim)
+    total = masked_sum(values, weights, dim)
+    return total / count.clamp(min=1.0)
+
+
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = False) -> Tensor:
+    """Variance of the masked-in elements of ``values`` (population variance by default)."""
+    weights = mask.to(values.dtype)
+    mean = masked_mean(values, weights)
+    count = weights.sum()
+    squared_error_sum = masked_sum((values - mean) ** 2, weights)
+    denominator = count - 1.0 if unbiased else count
+    return squared_error_sum / denominator.clamp(min=1.0)
+
+
+def masked_whiten(
+    values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> Tensor:
+    """Normalise the masked-in elements to zero mean and unit variance.
+
+    Statistics come from masked-in elements only; masked-out positions are returned as 0. With
+    ``shift_mean=False`` the mean is added back, which only rescales (as some PPO variants do).
+    """
+    weights = mask.to(values.dtype)
+    mean = masked_mean(values, weights)
+    var = masked_var(values, weights)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return zero_masked_out(whitened, weights)
+
+
+# --------------------------------------------------------------------------------------------
+# Log-probabilities and entropy
+# --------------------------------------------------------------------------------------------
+
+
+def logprobs_from_logits(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-probability of each token in ``token_ids`` under ``softmax(logits / temperature)``.
+
+    ``logits`` is ``[..., V]`` and ``token_ids`` is ``[...]``; the caller aligns them (for a causal
+    LM, ``logits[:, :-1]`` scores ``input_ids[:, 1:]``). Computed as ``logit - logsumexp`` in
+    float32, which avoids materialising a full log-softmax copy of the vocabulary.
+    """
+    scaled = logits.float() / temperature
+    chosen = scaled.gather(dim=-1, index=token_ids.long().unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(scaled, dim=-1)
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy (nats) of the categorical distribution at every position: ``[..., V] -> [...]``."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    probs = log_probs.exp()
+    # 0 * log 0 is 0 by convention; without the where, a -inf logit would give NaN.
+    plogp = torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs))
+    return -plogp.sum(dim=-1)
+
+
+def masked_entropy(logits: Tensor, mask: Tensor) -> Tensor:
+    """Mean per-token entropy over masked-in positions (a scalar; 0 if nothing is masked in)."""
+    return masked_mean(token_entropy(logits), mask)
+
+
+# --------------------------------------------------------------------------------------------
+# KL to the reference policy
+# --------------------------------------------------------------------------------------------
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: KLEstimator = "k3") -> Tensor:
+    """Per-token estimate of KL(policy || reference) from log-probs of sampled tokens.
+
+    With ``log_ratio = logprobs - ref_logprobs`` (tokens sampled from the policy):
+
+    * ``k1 = log_ratio`` — unbiased, high variance, can be negative per token.
+    * ``k3 = exp(-log_ratio) + log_ratio - 1`` — unbiased and always >= 0 (Schulman's estimator,
+      as used by GRPO's KL loss).
+    """
+    log_ratio = logprobs.float() - ref_logprobs.float()
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected 'k1' or 'k3'")
+
+
+@torch.no_grad()
+def kl_shaped_token_rewards(
+    sequence_rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_coef: float,
+    estimator: KLEstimator = "k1",
+) -> Tensor:
+    """Token-level rewards for PPO: a per-token KL penalty plus the sequence reward at the end.
+
+    ``reward[b, t] = -kl_coef * kl[b, t]`` on every masked-in token, and ``sequence_rewards[b]``
+    is added on the last masked-in token of row ``b`` (where the sequence-level reward was
+    earned). A row with no masked-in token gets all zeros. Returns ``[B, T]``, detached: rewards
+    are targets, never differentiated.
+    """
+    weights = mask.to(torch.float32)
+    kl = kl_estimate(logprobs, ref_logprobs, estimator)
+    token_rewards = zero_masked_out(-kl_coef * kl, weights)
+
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(weights)
+    last_index = torch.where(weights > 0, positions, torch.full_like(positions, -1)).amax(dim=-1)
+    has_tokens = last_index >= 0
+    rows = torch.nonzero(has_tokens, as_tuple=True)[0]
+    token_rewards[rows, last_index[rows]] += sequence_rewards[rows].to(torch.float32)
+    return token_rewards
+
+
+# --------------------------------------------------------------------------------------------
+# Advantages
+# --------------------------------------------------------------------------------------------
+
+
+def grpo_advantages(
+    rewards: Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GRPO group-normalised advantages, one per sequence.
+
+    ``rewards`` is ``[B]`` with the ``group_size`` samples of each prompt stored contiguously
+    (``[p0s0, p0s1, ..., p1s0, ...]``). Each sample's advantage is its reward minus its group's
+    mean, divided by the group's (unbiased) standard deviation plus ``eps`` when
+    ``scale_by_std`` is set (Dr. GRPO drops the division). A group whose rewards are all equal
+    carries no learning signal and gets advantage 0.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+            f"got shape {tuple(rewards.shape)}"
+        )
+    grouped = rewards.float().view(-1, group_size)
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_by_std and group_size > 1:
+        centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
+    return centered.view(-1)
+
+
+@torch.no_grad()
+def gae_advantages(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation over token-level rewards and critic values.
+
+    For each masked-in token ``t`` with next masked-in token ``t+1``:
+    ``delta_t = r_t + gamma * V_{t+1} - V_t`` and ``A_t = delta_t + gamma * lam * A_{t+1}``.
+    The last masked-in token of a row is terminal (``V_{t+1} = 0``, ``A_{t+1} = 0``). The mask
+    must mark one contiguous run of response tokens per row (leading prompt tokens and trailing
+    padding are 0). Returns ``(advantages, returns)``, both ``[B, T]`` and 0 where masked out;
+    ``returns = advantages + values`` is the critic's regression target. Both are detached.
+    """
+    weights = mask.to(torch.float32)
+    rewards = zero_masked_out(token_rewards.float(), weights)
+    values = zero_masked_out(values.float(), weights)
+    num_positions = rewards.shape[-1]
+
+    advantages_reversed: list[Tensor] = []
+    next_advantage = torch.zeros_like(rewards[..., 0])
+    for t in reversed(range(num_positions)):
+        if t + 1 < num_positions:
+            next_value = values[..., t + 1]
+            next_is_valid = weights[..., t + 1]
+        else:
+            next_value = torch.zeros_like(next_advantage)
+            next_is_valid = torch.zeros_like(next_advantage)
+        delta = rewards[..., t] + gamma * next_value * next_is_valid - values[..., t]
+        next_advantage = (delta + gamma * lam * next_is_valid * next_advantage) * weights[..., t]
+        advantages_reversed.append(next_advantage)
+
+    advantages = torch.stack(advantages_reversed[::-1], dim=-1)
+    returns = zero_masked_out(advantages + values, weights)
+    return advantages, returns
+
+
+# --------------------------------------------------------------------------------------------
+# Losses
+# --------------------------------------------------------------------------------------------
+
+
+class PolicyLossResult(NamedTuple):
+    """Clipped-surrogate loss plus the diagnostics worth logging each step."""
+
+    loss: Tensor
+    """Scalar loss to minimise."""
+    clip_fraction: Tensor
+    """Share of masked-in tokens where the clipped term was the active one."""
+    approx_kl: Tensor
+    """Mean k3 estimate of KL(old || new) over masked-in tokens: how far this update moved."""
+
+
+def _aggregate(per_token: Tensor, mask: Tensor, aggregation: LossAggregation) -> Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar.
+
+    ``token_mean`` weights every token equally (long responses count more); ``sequence_mean``
+    averages within each sequence first, then across sequences that have any token.
+    """
+    if aggregation == "token_mean":
+        return masked_mean(per_token, mask)
+    if aggregation == "sequence_mean":
+        weights = mask.to(per_token.dtype)
+        per_sequence = masked_mean(per_token, weights, dim=-1)
+        has_tokens = (weights.sum(dim=-1) > 0).to(per_token.dtype)
+        return masked_mean(per_sequence, has_tokens)
+    raise ValueError(f"unknown loss aggregation {aggregation!r}")
+
+
+def clipped_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_range: float = 0.2,
+    clip_range_high: float | None = None,
+    aggregation: LossAggregation = "token_mean",
+) -> PolicyLossResult:
+    """PPO clipped surrogate loss, used by both PPO and GRPO.
+
+    ``ratio = exp(logprobs - old_logprobs)``; per token the loss is
+    ``max(-A * ratio, -A * clip(ratio, 1 - clip_range, 1 + clip_range_high))``, so an update
+    never profits from moving the ratio outside the trust region. ``clip_range_high`` defaults
+    to ``clip_range`` (set it higher for DAPO's "clip-higher"). ``advantages`` is ``[B, T]``,
+    or ``[B]`` for one advantage per sequence (GRPO), broadcast over tokens.
+    """
+    if advantages.dim() == logprobs.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    upper = clip_range if clip_range_high is None else clip_range_high
+    log_ratio = logprobs.float() - old_logprobs.float()
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + upper)
+    per_token = torch.maximum(unclipped, clipped)
+
+    weights = mask.to(per_token.dtype)
+    loss = _aggregate(per_token, weights, aggregation)
+    with torch.no_grad():
+        clip_fraction = masked_mean((clipped > unclipped).to(per_token.dtype), weights)
+        approx_kl = masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, weights)
+    return PolicyLossResult(loss=loss, clip_fraction=clip_fraction, approx_kl=approx_kl)
+
+
+class ValueLossResult(NamedTuple):
+    """Critic loss plus how often value clipping was active."""
+
+    loss: Tensor
+    clip_fraction: Tensor
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_range: float | None = None,
+    aggregation: LossAggregation = "token_mean",
+) -> ValueLossResult:
+    """Critic regression loss ``0.5 * (V - R)^2`` with optional PPO-style value clipping.
+
+    With ``clip_range`` set, the prediction may move at most ``clip_range`` from ``old_values``
+    before the loss stops rewarding it: per token the loss is
+    ``0.5 * max((V - R)^2, (old_V + clip(V - old_V, -c, c) - R)^2)``.
+    """
+    values = values.float()
+    returns = returns.float()
+    unclipped = (values - returns) ** 2
+    weights = mask.to(unclipped.dtype)
+    if clip_range is None:
+        per_token = unclipped
+        clip_fraction = torch.zeros((), dtype=unclipped.dtype, device=unclipped.device)
+    else:
+        old_values = old_values.float()
+        clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        clipped = (clipped_values - returns) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        with torch.no_grad():
+            clip_fraction = masked_mean((clipped > unclipped).to(unclipped.dtype), weights)
+    loss = 0.5 * _aggregate(per_token, weights, aggregation)
+    return ValueLossResult(loss=loss, clip_fraction=clip_fraction)
+
+
+def kl_loss(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    estimator: KLEstimator = "k3",
+    aggregation: LossAggregation = "token_mean",
+) -> Tensor:
+    """KL(policy || reference) as a loss term (GRPO adds ``beta * kl_loss`` to the policy loss).
+
+    Gradients flow through ``logprobs`` only; ``ref_logprobs`` come from the frozen reference.
+    """
+    per_token = kl_estimate(logprobs, ref_logprobs.detach(), estimator)
+    return _aggregate(per_token, mask.to(per_token.dtype), aggregation)
