@@ -1,7 +1,86 @@
-"""The `rlhfjob` command line (sub-commands are filled in as the pieces land)."""
+"""The `rlhfjob` command line.
+
+    rlhfjob crd                    print the RLHFJob CustomResourceDefinition
+    rlhfjob validate FILE...       check job files against the API's schema and rules
+    rlhfjob render FILE            print the RayCluster and ConfigMap the operator would apply
+    rlhfjob demo                   the local demo (see README)
+
+Sub-commands import their heavy dependencies lazily, so `rlhfjob crd` works without torch or
+kopf installed.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Callable
+
+from rlhfjob.config import InvalidJobError, load_job
+
+
+def _crd(_: argparse.Namespace) -> int:
+    from rlhfjob.crdgen import render_crd
+
+    sys.stdout.write(render_crd())
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    failed = 0
+    for path in args.files:
+        try:
+            job = load_job(path)
+        except InvalidJobError as error:
+            print(error, file=sys.stderr)
+            failed += 1
+        else:
+            print(f"{path}: valid RLHFJob {job.metadata.namespace}/{job.metadata.name}")
+    return 1 if failed else 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from rlhf_operator.builder import build_config_map, build_ray_cluster, to_yaml
+
+    job = load_job(args.file)
+    sys.stdout.write(to_yaml(build_ray_cluster(job), build_config_map(job)))
+    return 0
+
+
+def _demo(_: argparse.Namespace) -> int:
+    # Placeholder until the operator and trainer land: validate and render the tiny example.
+    from rlhfjob.crdgen import REPO_ROOT
+
+    example = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"
+    print(f"demo: the operator and trainer are not built yet; rendering {example.name} instead\n")
+    return _render(argparse.Namespace(file=example))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlhfjob", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_: str):
+        sub = commands.add_parser(name, help=help_, description=help_)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    command("crd", _crd, "print the RLHFJob CustomResourceDefinition")
+    command("validate", _validate, "check RLHFJob files").add_argument("files", nargs="+")
+    command("render", _render, "print the RayCluster the operator would create").add_argument(
+        "file"
+    )
+    command("demo", _demo, "run the local demo")
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    raise SystemExit("rlhfjob: not implemented yet")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except InvalidJobError as error:
+        print(error, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,255 @@
+"""Pure builders: an RLHFJob in, the Kubernetes objects the operator applies out.
+
+No I/O and no clocks, so the same job always gives byte-identical manifests and server-side
+apply of an unchanged job changes nothing. Placement follows design decision 3: the head stays on
+CPU; each role is one worker group on its own pool, advertising a Ray custom resource that names
+the role so the trainer can pin its actors there.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from rlhfjob import api
+from rlhfjob.api import RLHFJob, RoleSpec, RolloutRoleSpec, Toleration
+
+MAX_RAY_CLUSTER_NAME = 53  # KubeRay derives Service and pod names from it; 63 - suffixes
+JOB_CONFIG_DIR = "/etc/rlhfjob"
+JOB_CONFIG_FILE = "job.yaml"
+SHM_PATH = "/dev/shm"
+MANAGED_BY = "rlhfjob-operator"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+LABEL_JOB = f"{api.GROUP}/job"
+LABEL_ROLE = f"{api.GROUP}/role"
+STANDARD_LABELS = {"app.kubernetes.io/name": "rlhfjob", "app.kubernetes.io/managed-by": MANAGED_BY}
+
+RAY_PORTS = [
+    {"name": "gcs-server", "containerPort": 6379},
+    {"name": "dashboard", "containerPort": 8265},
+    {"name": "client", "containerPort": 10001},
+    {"name": "metrics", "containerPort": 8080},
+]
+DASHBOARD_PORT = 8265
+
+
+def role_resource(role: str) -> str:
+    """The Ray custom resource a role's nodes advertise and its actors request."""
+    return f"rlhf-role-{role}"
+
+
+def slots_per_replica(role: str, spec: RoleSpec) -> int:
+    """Actors one pod of the role hosts: one per GPU (rollout: per engine), one on CPU."""
+    if isinstance(spec, RolloutRoleSpec):
+        return max(1, spec.gpus // spec.tensor_parallel_size)
+    return max(1, spec.gpus)
+
+
+def _short_name(base: str, limit: int) -> str:
+    """`base` if it fits, else a truncated prefix plus a stable hash (names must stay unique)."""
+    if len(base) <= limit:
+        return base
+    digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+    return f"{base[: limit - 9].rstrip('-')}-{digest}"
+
+
+def ray_cluster_name(job: RLHFJob) -> str:
+    return _short_name(job.metadata.name, MAX_RAY_CLUSTER_NAME)
+
+
+def config_map_name(job: RLHFJob) -> str:
+    return _short_name(f"{job.metadata.name}-config", 63)
+
+
+def trainer_service_account(job: RLHFJob) -> str:
+    """The ServiceAccount the Ray pods run as (it may renew this job's Lease, nothing else)."""
+    return job.spec.service_account_name or _short_name(f"{job.metadata.name}-trainer", 63)
+
+
+def job_labels(job: RLHFJob) -> dict[str, str]:
+    return {**STANDARD_LABELS, LABEL_JOB: job.metadata.name}
+
+
+def owner_reference(job: RLHFJob) -> dict[str, Any]:
+    """Ties owned objects to the job so Kubernetes garbage-collects them with it."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid or "",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: RLHFJob, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": job_labels(job),
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def build_config_map(job: RLHFJob) -> dict[str, Any]:
+    """The job config the trainer reads: the RLHFJob itself, so both sides share one format."""
+    document = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
+        "spec": job.spec.wire(),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, config_map_name(job)),
+        "data": {JOB_CONFIG_FILE: yaml.safe_dump(document, sort_keys=True)},
+    }
+
+
+def _resources(cpu: int | str, memory: int | str, gpus: int = 0) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": str(cpu), "memory": str(memory)}
+    if gpus:
+        amounts[GPU_RESOURCE] = str(gpus)
+    # Requests equal limits: training pods are Guaranteed QoS and are not evicted first.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
+    return [toleration.wire() for toleration in tolerations]
+
+
+def _volumes(job: RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "job-config", "configMap": {"name": config_map_name(job)}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": SHM_PATH},
+        {"name": "job-config", "mountPath": JOB_CONFIG_DIR, "readOnly": True},
+    ]
+    if job.spec.checkpoint.volume is not None:
+        volumes.append({"name": "checkpoints", **job.spec.checkpoint.volume})
+        mounts.append({"name": "checkpoints", "mountPath": job.spec.checkpoint.path})
+    return volumes, mounts
+
+
+_CONTAINER_SECURITY = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
+
+
+def _pod_template(
+    job: RLHFJob,
+    *,
+    role: str,
+    container_name: str,
+    resources: dict[str, Any],
+    node_selector: dict[str, str],
+    tolerations: list[Toleration],
+    affinity: dict[str, Any] | None,
+    ports: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    volumes, mounts = _volumes(job)
+    container: dict[str, Any] = {
+        "name": container_name,
+        "image": job.spec.image,
+        "imagePullPolicy": job.spec.image_pull_policy,
+        "resources": resources,
+        "env": [
+            {"name": "RLHF_JOB_NAME", "value": job.metadata.name},
+            {"name": "RLHF_JOB_NAMESPACE", "value": job.metadata.namespace},
+            {"name": "RLHF_ROLE", "value": role},
+            {"name": "RLHF_JOB_CONFIG", "value": f"{JOB_CONFIG_DIR}/{JOB_CONFIG_FILE}"},
+        ],
+        "volumeMounts": mounts,
+        "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
+    }
+    if ports:
+        container["ports"] = ports
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": trainer_service_account(job),
+        "securityContext": copy.deepcopy(_POD_SECURITY),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(node_selector.items()))
+    if tolerations:
+        pod_spec["tolerations"] = _tolerations(tolerations)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return {"metadata": {"labels": {**job_labels(job), LABEL_ROLE: role}}, "spec": pod_spec}
+
+
+def _worker_group(job: RLHFJob, role: str, spec: RoleSpec) -> dict[str, Any]:
+    slots = slots_per_replica(role, spec)
+    min_replicas = getattr(spec, "min_replicas", None)
+    return {
+        "groupName": role,
+        "replicas": spec.replicas,
+        "minReplicas": spec.replicas if min_replicas is None else min_replicas,
+        "maxReplicas": spec.replicas,
+        # KubeRay's format: the value is itself a quoted JSON string.
+        "rayStartParams": {"resources": json.dumps(json.dumps({role_resource(role): slots}))},
+        "template": _pod_template(
+            job,
+            role=role,
+            container_name="ray-worker",
+            resources=_resources(spec.cpu, spec.memory, spec.gpus),
+            node_selector=spec.node_selector,
+            tolerations=spec.tolerations,
+            affinity=spec.affinity,
+        ),
+    }
+
+
+def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
+    """The `ray.io/v1` RayCluster for a job: a CPU head plus one worker group per enabled role."""
+    head = job.spec.head
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": _metadata(job, ray_cluster_name(job)),
+        "spec": {
+            "rayVersion": job.spec.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                "serviceType": "ClusterIP",
+                # num-cpus 0: the head runs only the driver; actors go to their role's pool.
+                "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+                "template": _pod_template(
+                    job,
+                    role="head",
+                    container_name="ray-head",
+                    resources=_resources(head.cpu, head.memory),
+                    node_selector=head.node_selector,
+                    tolerations=head.tolerations,
+                    affinity=None,
+                    ports=RAY_PORTS,
+                ),
+            },
+            "workerGroupSpecs": [
+                _worker_group(job, role, spec) for role, spec in job.spec.roles.enabled().items()
+            ],
+        },
+    }
+
+
+def dashboard_url(job: RLHFJob) -> str:
+    """The head Service's dashboard inside the cluster (KubeRay names it `<cluster>-head-svc`)."""
+    service = f"{ray_cluster_name(job)}-head-svc"
+    return f"http://{service}.{job.metadata.namespace}.svc:{DASHBOARD_PORT}"
+
+
+def to_yaml(*manifests: dict[str, Any]) -> str:
+    """Manifests as one multi-document YAML string, key order preserved (it is deterministic)."""
+    return "---\n".join(yaml.safe_dump(m, sort_keys=False, width=100) for m in manifests)

@@ -1,0 +1,560 @@
+"""The RLHFJob API (`rlhf.dev/v1alpha1`): the one source of its schema, defaults and rules.
+
+The CRD in `crds/` is generated from these models (`task crds`), the operator reads jobs through
+them, and the trainer reads its part of the same spec, so a cluster job and a local run share one
+config format. Field docstrings become the CRD's descriptions (`kubectl explain rlhfjob.spec`).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
+
+from rlhfjob import cel
+from rlhfjob.cel import CelRule, immutable
+
+GROUP = "rlhf.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLHFJob"
+PLURAL = "rlhfjobs"
+SINGULAR = "rlhfjob"
+SHORT_NAMES = ["rlhf"]
+MAX_NAME_LENGTH = 63
+"""A job's name labels its pods and names its Lease, so it must be a valid label value."""
+
+# Kubernetes resource quantities ("500m", "16Gi", 2). The same regex the API server uses.
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not _QUANTITY.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (for example 500m, 4, 16Gi)")
+    return value
+
+
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string", "pattern": _QUANTITY.pattern}],
+        }
+    ),
+]
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: camelCase on the wire, unknown fields rejected, CEL enforced."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+    """Cross-field rules of this object; evaluated here and copied into the CRD."""
+
+    @model_validator(mode="after")
+    def _check_cel_rules(self) -> ApiModel:
+        rules = [rule for rule in self.cel_rules if not rule.is_transition]
+        if not rules:
+            return self
+        wire = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        for rule in rules:
+            if not cel.holds(rule, wire):
+                field = (rule.field_path or "").lstrip(".")
+                raise PydanticCustomError(
+                    "cel_rule", "{message}", {"message": rule.message, "field": field}
+                )
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        if cls.cel_rules:
+            target = handler.resolve_ref_schema(schema)
+            target["x-kubernetes-validations"] = [rule.to_schema() for rule in cls.cel_rules]
+        return schema
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, no nulls."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration, so a role's pods may land on tainted GPU nodes."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+    cel_rules = (
+        CelRule(
+            "self.operator != 'Exists' || !has(self.value)",
+            "value must be empty when operator is Exists",
+            ".value",
+        ),
+    )
+
+
+class RoleSpec(ApiModel):
+    """One role's worker group: how many replicas, what each asks for, where it may run."""
+
+    replicas: int = Field(default=1, ge=0, le=1024)
+    """Ray worker pods for this role."""
+    gpus: int = Field(default=0, ge=0, le=64)
+    """GPUs per replica (`nvidia.com/gpu`)."""
+    cpu: Quantity = "4"
+    """CPU request and limit per replica."""
+    memory: Quantity = "16Gi"
+    """Memory request and limit per replica."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Labels of the node pool this role runs on."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    """Tolerations for the pool's taints (GPU pools are usually tainted)."""
+    affinity: FreeForm | None = None
+    """A Kubernetes affinity, passed through unchanged."""
+
+    placement_fields: ClassVar[tuple[str, ...]] = (
+        "gpus",
+        "cpu",
+        "memory",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+    )
+
+
+class TrainerRoleSpec(RoleSpec):
+    """The DeepSpeed ZeRO-3 policy trainer: one rank (Ray actor) per GPU, or per replica on CPU."""
+
+    cel_rules = (
+        CelRule("self.replicas >= 1", "the trainer needs at least 1 replica", ".replicas"),
+    )
+
+
+class ElasticRoleSpec(RoleSpec):
+    """A role that may run below its replica count while training goes on (rollout, reward)."""
+
+    min_replicas: int | None = Field(default=None, ge=0)
+    """Fewest replicas training may continue with; defaults to `replicas` (not elastic)."""
+
+    cel_rules = (
+        CelRule(
+            "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+            "minReplicas must not exceed replicas",
+            ".minReplicas",
+        ),
+        *(immutable(field) for field in RoleSpec.placement_fields),
+    )
+
+
+class RolloutRoleSpec(ElasticRoleSpec):
+    """Rollout engines: each replica hosts `gpus / tensorParallelSize` engines (one on CPU)."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs one engine spans."""
+    backend: Literal["vllm", "hf"] = "vllm"
+    """`vllm` on GPUs; `hf` (transformers) for CPU runs and tests."""
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    """Fraction of each GPU vLLM may claim."""
+
+    cel_rules = (
+        *ElasticRoleSpec.cel_rules,
+        CelRule("self.replicas >= 1", "rollout needs at least 1 replica", ".replicas"),
+        CelRule(
+            "self.gpus % self.tensorParallelSize == 0",
+            "gpus must be a multiple of tensorParallelSize",
+            ".gpus",
+        ),
+        CelRule(
+            "self.backend != 'vllm' || self.gpus >= 1",
+            "the vllm backend needs gpus >= 1 (use backend: hf on CPU)",
+            ".backend",
+        ),
+        immutable("tensorParallelSize"),
+        immutable("backend"),
+    )
+
+
+class Roles(ApiModel):
+    """The worker groups: trainer and rollout are required, the others optional."""
+
+    trainer: TrainerRoleSpec
+    rollout: RolloutRoleSpec
+    reference: RoleSpec | None = None
+    """Frozen reference model for KL; without it the trainer computes reference log-probs."""
+    reward: ElasticRoleSpec | None = None
+    """Reward-model servers, for `reward.type: model`."""
+    critic: RoleSpec | None = None
+    """Value model for PPO."""
+
+    cel_rules = (immutable("trainer"), immutable("reference"), immutable("critic"))
+
+    def enabled(self) -> dict[str, RoleSpec]:
+        """Roles that get a worker group, in a fixed order (manifests must be deterministic)."""
+        roles: dict[str, RoleSpec | None] = {
+            "trainer": self.trainer,
+            "rollout": self.rollout,
+            "reference": self.reference,
+            "reward": self.reward,
+            "critic": self.critic,
+        }
+        return {name: spec for name, spec in roles.items() if spec is not None}
+
+
+class HeadSpec(ApiModel):
+    """The Ray head: CPU only, it runs the driver and the dashboard."""
+
+    cpu: Quantity = "2"
+    memory: Quantity = "8Gi"
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+
+
+# ---------------------------------------------------------------------------------------------
+# What to train
+
+
+class ModelSpec(ApiModel):
+    """Which weights each role starts from."""
+
+    policy: str | None = Field(default=None, min_length=1)
+    """Policy weights: a path in the image or on the checkpoint volume, or a model URI."""
+    random_init: FreeForm | None = None
+    """A Hugging Face model config; the policy starts from random weights (smoke tests)."""
+    reference: str | None = Field(default=None, min_length=1)
+    """Reference weights; defaults to the policy's initial weights."""
+    reward: str | None = Field(default=None, min_length=1)
+    """Reward model (sequence classification head), for `reward.type: model`."""
+    critic: str | None = Field(default=None, min_length=1)
+    """Critic initial weights; defaults to the policy's (with a fresh value head)."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Training and rollout dtype; CPU runs use float32 regardless."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.policy) != has(self.randomInit)",
+            "set exactly one of policy and randomInit",
+            ".policy",
+        ),
+    )
+
+
+class AlgorithmSpec(ApiModel):
+    """GRPO or PPO and their hyper-parameters."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    group_size: int = Field(default=8, ge=1, le=1024)
+    """Responses sampled per prompt (GRPO normalises rewards within each group)."""
+    prompts_per_step: int = Field(default=32, ge=1, le=65536)
+    """Prompts per training step (rollout batch = promptsPerStep x groupSize)."""
+    micro_batch_size: int = Field(default=4, ge=1, le=4096)
+    """Sequences per forward/backward per trainer rank (gradient accumulation covers the rest)."""
+    update_epochs: int = Field(default=1, ge=1, le=64)
+    """Passes over each rollout batch."""
+    total_steps: int | None = Field(default=None, ge=1)
+    """Training steps; set this or epochs."""
+    epochs: int | None = Field(default=None, ge=1)
+    """Passes over the prompt dataset; set this or totalSteps."""
+    max_prompt_length: int = Field(default=512, ge=1, le=1048576)
+    max_response_length: int = Field(default=512, ge=1, le=1048576)
+    temperature: float = Field(default=1.0, gt=0, le=10)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    clip_range: float = Field(default=0.2, gt=0, le=10)
+    """PPO ratio clipping epsilon."""
+    value_clip_range: float | None = Field(default=0.2, gt=0)
+    """Critic value clipping (PPO); unset disables it."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the KL to the reference policy."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_mode: Literal["reward", "loss"] = "loss"
+    """Apply KL as a per-token reward penalty or as a loss term."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """GAE discount (PPO)."""
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    """GAE lambda (PPO)."""
+    scale_rewards: bool = True
+    """GRPO: divide group-centred rewards by the group's standard deviation."""
+    policy_learning_rate: float = Field(default=1e-6, gt=0, le=1)
+    critic_learning_rate: float = Field(default=5e-6, gt=0, le=1)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    seed: int = Field(default=0, ge=0)
+
+    cel_rules = (
+        CelRule(
+            "has(self.totalSteps) != has(self.epochs)",
+            "set exactly one of totalSteps and epochs",
+            ".totalSteps",
+        ),
+        CelRule(
+            "self.name != 'grpo' || self.groupSize >= 2",
+            "grpo needs groupSize >= 2 (advantages are relative within a group)",
+            ".groupSize",
+        ),
+        CelRule(
+            "self.microBatchSize <= self.promptsPerStep * self.groupSize",
+            "microBatchSize must not exceed promptsPerStep x groupSize",
+            ".microBatchSize",
+        ),
+    )
+
+
+class DatasetSpec(ApiModel):
+    """Where prompts come from."""
+
+    source: str = Field(min_length=1)
+    """A JSON-lines file (path in the image or on a volume), or `synthetic:<task>`."""
+    prompt_field: str = Field(default="prompt", min_length=1)
+    """The field of each record that holds the prompt."""
+    shuffle: bool = True
+
+
+class RewardSpec(ApiModel):
+    """How responses are scored."""
+
+    type: Literal["function", "model"] = "function"
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """A rule reward as `module:function` importable in the trainer image."""
+
+    cel_rules = (
+        CelRule(
+            "self.type != 'function' || has(self.function)",
+            "type function needs function (module:function)",
+            ".function",
+        ),
+        CelRule(
+            "self.type != 'model' || !has(self.function)",
+            "function must be empty when type is model",
+            ".function",
+        ),
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """Where and how often the trainer checkpoints; the operator never deletes checkpoints."""
+
+    path: str = Field(default="/mnt/checkpoints", pattern=r"^/")
+    """Directory checkpoints are written under, mounted in every pod."""
+    volume: FreeForm | None = None
+    """A Kubernetes volume source (for example a persistentVolumeClaim) mounted at path."""
+    interval_steps: int = Field(default=50, ge=1)
+    keep_last: int = Field(default=3, ge=1, le=1000)
+
+
+class RecoverySpec(ApiModel):
+    """The recovery ladder's budget and pacing."""
+
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    backoff_seconds: int = Field(default=10, ge=0)
+    """First delay before a restart; doubles each time."""
+    max_backoff_seconds: int = Field(default=300, ge=0)
+    restart_strategy: Literal["InPlaceFirst", "RecreateCluster"] = "InPlaceFirst"
+    """InPlaceFirst climbs the ladder cheapest first; RecreateCluster always starts over."""
+    cluster_recovery_timeout_seconds: int = Field(default=600, ge=1)
+    """How long an unhealthy RayCluster may take to heal before it is recreated."""
+
+    cel_rules = (
+        CelRule(
+            "self.backoffSeconds <= self.maxBackoffSeconds",
+            "backoffSeconds must not exceed maxBackoffSeconds",
+            ".backoffSeconds",
+        ),
+    )
+
+
+class LivenessSpec(ApiModel):
+    """How the operator tells a hung or stalled trainer from a slow one."""
+
+    heartbeat_interval_seconds: int = Field(default=10, ge=1)
+    heartbeat_timeout_seconds: int = Field(default=60, ge=1)
+    """No heartbeat for this long: the trainer is hung."""
+    progress_timeout_seconds: int = Field(default=1800, ge=1)
+    """Heartbeats but no new step for this long: the trainer is stalled."""
+
+    cel_rules = (
+        CelRule(
+            "self.heartbeatTimeoutSeconds > self.heartbeatIntervalSeconds",
+            "heartbeatTimeoutSeconds must exceed heartbeatIntervalSeconds",
+            ".heartbeatTimeoutSeconds",
+        ),
+        CelRule(
+            "self.progressTimeoutSeconds >= self.heartbeatTimeoutSeconds",
+            "progressTimeoutSeconds must be at least heartbeatTimeoutSeconds",
+            ".progressTimeoutSeconds",
+        ),
+    )
+
+
+class RLHFJobSpec(ApiModel):
+    """What to train, where, and how to keep it alive."""
+
+    image: str = Field(min_length=1)
+    """Container image with the trainer (Ray, DeepSpeed, vLLM)."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account_name: str | None = None
+    """ServiceAccount of the Ray pods; it may renew this job's heartbeat Lease."""
+    model: ModelSpec
+    algorithm: AlgorithmSpec
+    dataset: DatasetSpec
+    reward: RewardSpec
+    roles: Roles
+    head: HeadSpec = Field(default_factory=HeadSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+    liveness: LivenessSpec = Field(default_factory=LivenessSpec)
+    ray_version: str = Field(default="2.60.0", pattern=r"^\d+\.\d+\.\d+$")
+    suspend: bool = False
+    """Stop training and release the cluster; checkpoints stay. Unset to resume."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Fail the job (DeadlineExceeded) once it has run this long."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Delete the finished RLHFJob after this long (checkpoints stay)."""
+    provisioning_timeout_seconds: int = Field(default=600, ge=1)
+    """Fail when the RayCluster is not ready this long after it was created."""
+
+    cel_rules = (
+        CelRule(
+            "self.algorithm.name != 'ppo' || has(self.roles.critic)",
+            "ppo needs roles.critic",
+            ".roles",
+        ),
+        CelRule(
+            "self.reward.type != 'model' || (has(self.roles.reward) && has(self.model.reward))",
+            "reward.type model needs roles.reward and model.reward",
+            ".reward",
+        ),
+        *(
+            immutable(field)
+            for field in ("image", "model", "algorithm", "dataset", "reward", "checkpoint")
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Status
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(default="", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime | None = None
+    observed_generation: int | None = None
+
+
+class CheckpointRef(ApiModel):
+    step: int
+    path: str
+    time: datetime | None = None
+
+
+class RestartRecord(ApiModel):
+    time: datetime
+    reason: str
+    message: str = ""
+    resumed_from_step: int | None = None
+
+
+MAX_RESTART_HISTORY = 20
+
+
+class RLHFJobStatus(ApiModel):
+    """What the operator last observed. Written only by the operator."""
+
+    phase: Phase = Phase.PENDING
+    conditions: list[Condition] = Field(default_factory=list, max_length=32)
+    observed_generation: int | None = None
+    current_step: int | None = None
+    total_steps: int | None = None
+    last_checkpoint: CheckpointRef | None = None
+    restart_count: int = 0
+    restart_history: list[RestartRecord] = Field(
+        default_factory=list, max_length=MAX_RESTART_HISTORY
+    )
+    """The most recent restarts, oldest first."""
+    last_heartbeat_time: datetime | None = None
+    ray_cluster_name: str | None = None
+    dashboard_url: str | None = None
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    message: str = ""
+    """What is happening, for humans."""
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata the platform reads; the rest passes through untouched."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class RLHFJob(ApiModel):
+    """A whole RLHFJob object as stored by the API server (or written in a file)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["rlhf.dev/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    kind: Literal["RLHFJob"] = KIND  # type: ignore[assignment]
+    metadata: ObjectMeta
+    spec: RLHFJobSpec
+    status: RLHFJobStatus | None = None

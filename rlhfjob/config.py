@@ -1,0 +1,58 @@
+"""Loading RLHFJob files with errors a person can act on.
+
+The CLI, the trainer and the tests all load jobs through here, so a bad file fails the same way
+everywhere: one line per problem, naming the field (`spec.algorithm.groupSize: ...`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rlhfjob.api import RLHFJob
+
+
+class InvalidJobError(ValueError):
+    """The job does not satisfy the API's schema or rules; `problems` holds one line per field."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source} is not a valid RLHFJob:\n  " + "\n  ".join(problems))
+
+
+def describe_errors(error: ValidationError) -> list[str]:
+    """Render pydantic errors as `field.path: message` lines (wire names, camelCase)."""
+    lines = []
+    for item in error.errors():
+        path = ""
+        for part in item["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        if item["type"] == "cel_rule" and item.get("ctx", {}).get("field"):
+            path += f".{item['ctx']['field']}"  # the field a CEL rule blames, as the server does
+        path = path.lstrip(".")
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}" if path else message)
+    return lines
+
+
+def parse_job(document: dict[str, Any], source: str = "<object>") -> RLHFJob:
+    try:
+        return RLHFJob.model_validate(document)
+    except ValidationError as error:
+        raise InvalidJobError(source, describe_errors(error)) from None
+
+
+def load_job(path: str | Path) -> RLHFJob:
+    """Read one RLHFJob from a YAML file."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise InvalidJobError(str(path), [str(error)]) from None
+    if not isinstance(document, dict):
+        raise InvalidJobError(str(path), ["the file must hold one YAML mapping (an RLHFJob)"])
+    return parse_job(document, str(path))

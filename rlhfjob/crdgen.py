@@ -1,0 +1,189 @@
+"""Generate the RLHFJob CustomResourceDefinition from the pydantic models.
+
+Pydantic emits JSON Schema 2020-12 with `$ref`s; Kubernetes wants a *structural* OpenAPI v3
+schema: everything inlined, `nullable` instead of `null` unions, int-or-string for quantities,
+`exclusiveMinimum` as a boolean, no `additionalProperties: false`. `to_structural` does exactly
+that translation and nothing else, so every fact stays in `rlhfjob.api`.
+
+    python -m rlhfjob.crdgen write   # rewrite crds/ and the chart's copy
+    python -m rlhfjob.crdgen check   # exit 1 when either is stale
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhfjob import api
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
+CRD_PATHS = (
+    REPO_ROOT / "crds" / CRD_FILENAME,
+    REPO_ROOT / "charts" / "rlhfjob" / "crds" / CRD_FILENAME,
+)
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.currentStep"},
+    {"name": "Total", "type": "integer", "jsonPath": ".status.totalSteps"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
+    {
+        "name": "Checkpoint",
+        "type": "integer",
+        "description": "Step of the last complete checkpoint",
+        "jsonPath": ".status.lastCheckpoint.step",
+    },
+    {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm.name", "priority": 1},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROPPED_KEYS = {"title", "$defs", "discriminator"}
+
+
+def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Translate one pydantic JSON schema node into a Kubernetes structural schema node."""
+    if "$ref" in schema:
+        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return to_structural(merged, defs)
+
+    variants = schema.get("anyOf")
+    if variants and not schema.get("x-kubernetes-int-or-string"):
+        non_null = [v for v in variants if v.get("type") != "null"]
+        if len(non_null) == 1 and len(non_null) < len(variants):
+            rest = {k: v for k, v in schema.items() if k != "anyOf"}
+            node = to_structural({**non_null[0], **rest}, defs)
+            node["nullable"] = True
+            node.pop("default", None) if node.get("default") is None else None
+            return node
+        raise ValueError(f"cannot express this union structurally: {variants}")
+
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROPPED_KEYS or (key == "default" and value is None):
+            continue
+        if key == "properties":
+            out[key] = {name: to_structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = to_structural(value, defs)
+        elif key == "additionalProperties":
+            if value is True:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            elif isinstance(value, dict):
+                out[key] = to_structural(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "const":
+            out["enum"] = [value]
+        elif key == "anyOf":
+            out[key] = [{k: v for k, v in variant.items() if k != "title"} for variant in value]
+        else:
+            out[key] = value
+
+    if out.get("type") == "object" and "properties" in out:
+        required = set(out.get("required", []))
+        for name, prop in out["properties"].items():
+            # Sub-objects with defaults of their own must exist for the server to default them.
+            if (
+                name not in required
+                and prop.get("type") == "object"
+                and "properties" in prop
+                and not prop.get("nullable")
+                and "default" not in prop
+            ):
+                prop["default"] = {}
+    if out.get("type") == "array" and "default" in out and out["default"] == []:
+        del out["default"]
+    if out.get("type") == "object" and out.get("default") == {} and "properties" not in out:
+        del out["default"]
+    return out
+
+
+def _model_schema(model: type[api.ApiModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return to_structural(raw, raw.get("$defs", {}))
+
+
+def build_crd() -> dict[str, Any]:
+    """The CRD as a plain dict (deterministic: same models, same bytes)."""
+    job_schema = _model_schema(api.RLHFJob)
+    properties = job_schema["properties"]
+    root = {
+        "type": "object",
+        "description": api.RLHFJob.__doc__,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            # The only metadata a CRD may constrain; the name becomes a label value.
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": api.MAX_NAME_LENGTH}},
+            },
+            "spec": properties["spec"],
+            "status": {k: v for k, v in properties["status"].items() if k != "nullable"},
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": api.SHORT_NAMES,
+                "categories": ["all", "rlhf"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def render_crd() -> str:
+    header = "# Generated from rlhfjob/api.py by `task crds`. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "print"
+    text = render_crd()
+    if command == "print":
+        sys.stdout.write(text)
+        return 0
+    if command == "write":
+        for path in CRD_PATHS:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO_ROOT)}")
+        return 0
+    if command == "check":
+        stale = [p for p in CRD_PATHS if not p.exists() or p.read_text() != text]
+        for path in stale:
+            print(f"stale: {path.relative_to(REPO_ROOT)} (run `task crds`)", file=sys.stderr)
+        return 1 if stale else 0
+    print(f"usage: python -m rlhfjob.crdgen [print|write|check], not {command!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,224 @@
+"""Invalid RLHFJobs and the field each must be blamed on.
+
+One table, run at every layer that sees a job: the pydantic models (`tests/test_api.py`), the
+generated CRD's schema and CEL rules (`tests/test_crd.py`) and the real API server (`e2e/`).
+Each case is a patch on a small valid job; `None` in a patch deletes that key.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+
+def valid_job(name: str = "valid-job") -> dict[str, Any]:
+    """The smallest job the API accepts, with both optional roles PPO needs."""
+    return {
+        "apiVersion": "rlhf.dev/v1alpha1",
+        "kind": "RLHFJob",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "example.com/trainer:1",
+            "model": {"policy": "/models/tiny"},
+            "dataset": {"source": "synthetic:repeat-target"},
+            "reward": {"function": "tasks:score"},
+            "algorithm": {"name": "grpo", "totalSteps": 10},
+            "roles": {"trainer": {}, "rollout": {"backend": "hf"}},
+        },
+    }
+
+
+def merge_patch(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge patch: dicts merge, other values replace, None deletes."""
+    result = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merge_patch(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+@dataclass(frozen=True)
+class InvalidCase:
+    id: str
+    patch: dict[str, Any]
+    field: str
+    """The field path every layer must name, e.g. `spec.algorithm.groupSize`."""
+    rule_message: str | None = None
+    """For CEL rules: the rule's message, which every layer must show too."""
+
+    def job(self) -> dict[str, Any]:
+        return merge_patch(valid_job(f"invalid-{self.id}"), self.patch)
+
+
+def _spec(**patch: Any) -> dict[str, Any]:
+    return {"spec": patch}
+
+
+def _role(role: str, **patch: Any) -> dict[str, Any]:
+    return _spec(roles={role: patch})
+
+
+INVALID_CASES: list[InvalidCase] = [
+    InvalidCase("image-missing", _spec(image=None), "spec.image"),
+    InvalidCase("image-empty", _spec(image=""), "spec.image"),
+    InvalidCase(
+        "model-neither",
+        _spec(model={"policy": None}),
+        "spec.model.policy",
+        "set exactly one of policy and randomInit",
+    ),
+    InvalidCase(
+        "model-both",
+        _spec(model={"randomInit": {"model_type": "qwen2"}}),
+        "spec.model.policy",
+        "set exactly one of policy and randomInit",
+    ),
+    InvalidCase("algorithm-unknown", _spec(algorithm={"name": "dpo"}), "spec.algorithm.name"),
+    InvalidCase(
+        "grpo-group-of-one",
+        _spec(algorithm={"groupSize": 1}),
+        "spec.algorithm.groupSize",
+        "grpo needs groupSize >= 2",
+    ),
+    InvalidCase("group-size-zero", _spec(algorithm={"groupSize": 0}), "spec.algorithm.groupSize"),
+    InvalidCase(
+        "steps-and-epochs",
+        _spec(algorithm={"epochs": 2}),
+        "spec.algorithm.totalSteps",
+        "set exactly one of totalSteps and epochs",
+    ),
+    InvalidCase(
+        "neither-steps-nor-epochs",
+        _spec(algorithm={"totalSteps": None}),
+        "spec.algorithm.totalSteps",
+        "set exactly one of totalSteps and epochs",
+    ),
+    InvalidCase(
+        "micro-batch-too-large",
+        _spec(algorithm={"promptsPerStep": 2, "groupSize": 2, "microBatchSize": 5}),
+        "spec.algorithm.microBatchSize",
+        "microBatchSize must not exceed promptsPerStep x groupSize",
+    ),
+    InvalidCase("clip-range-zero", _spec(algorithm={"clipRange": 0}), "spec.algorithm.clipRange"),
+    InvalidCase("kl-negative", _spec(algorithm={"klCoef": -0.1}), "spec.algorithm.klCoef"),
+    InvalidCase(
+        "kl-estimator-unknown", _spec(algorithm={"klEstimator": "k2"}), "spec.algorithm.klEstimator"
+    ),
+    InvalidCase("gamma-above-one", _spec(algorithm={"gamma": 1.5}), "spec.algorithm.gamma"),
+    InvalidCase(
+        "learning-rate-zero",
+        _spec(algorithm={"policyLearningRate": 0}),
+        "spec.algorithm.policyLearningRate",
+    ),
+    InvalidCase("top-p-above-one", _spec(algorithm={"topP": 1.5}), "spec.algorithm.topP"),
+    InvalidCase(
+        "ppo-without-critic",
+        _spec(algorithm={"name": "ppo"}),
+        "spec.roles",
+        "ppo needs roles.critic",
+    ),
+    InvalidCase("roles-missing", _spec(roles=None), "spec.roles"),
+    InvalidCase("reward-missing", _spec(reward=None), "spec.reward"),
+    InvalidCase("rollout-missing", _spec(roles={"rollout": None}), "spec.roles.rollout"),
+    InvalidCase(
+        "rollout-gpus-not-multiple-of-tp",
+        _role("rollout", gpus=3, tensorParallelSize=2, backend="vllm"),
+        "spec.roles.rollout.gpus",
+        "gpus must be a multiple of tensorParallelSize",
+    ),
+    InvalidCase(
+        "tensor-parallel-zero",
+        _role("rollout", tensorParallelSize=0),
+        "spec.roles.rollout.tensorParallelSize",
+    ),
+    InvalidCase(
+        "min-replicas-above-replicas",
+        _role("rollout", replicas=2, minReplicas=3),
+        "spec.roles.rollout.minReplicas",
+        "minReplicas must not exceed replicas",
+    ),
+    InvalidCase(
+        "trainer-without-replicas",
+        _role("trainer", replicas=0),
+        "spec.roles.trainer.replicas",
+        "the trainer needs at least 1 replica",
+    ),
+    InvalidCase(
+        "vllm-without-gpus",
+        _role("rollout", backend="vllm", gpus=0),
+        "spec.roles.rollout.backend",
+        "the vllm backend needs gpus >= 1",
+    ),
+    InvalidCase("cpu-not-a-quantity", _role("trainer", cpu="lots"), "spec.roles.trainer.cpu"),
+    InvalidCase(
+        "memory-not-a-quantity", _role("rollout", memory="12 GB"), "spec.roles.rollout.memory"
+    ),
+    InvalidCase(
+        "toleration-exists-with-value",
+        _role("trainer", tolerations=[{"key": "gpu", "operator": "Exists", "value": "yes"}]),
+        "spec.roles.trainer.tolerations[0].value",
+        "value must be empty when operator is Exists",
+    ),
+    InvalidCase(
+        "toleration-bad-effect",
+        _role("trainer", tolerations=[{"key": "gpu", "effect": "Sometimes"}]),
+        "spec.roles.trainer.tolerations[0].effect",
+    ),
+    InvalidCase(
+        "reward-function-missing",
+        _spec(reward={"function": None}),
+        "spec.reward.function",
+        "type function needs function (module:function)",
+    ),
+    InvalidCase(
+        "reward-function-malformed",
+        _spec(reward={"function": "just a name"}),
+        "spec.reward.function",
+    ),
+    InvalidCase(
+        "reward-model-without-role",
+        _spec(reward={"type": "model", "function": None}),
+        "spec.reward",
+        "reward.type model needs roles.reward and model.reward",
+    ),
+    InvalidCase(
+        "checkpoint-path-relative", _spec(checkpoint={"path": "ckpt"}), "spec.checkpoint.path"
+    ),
+    InvalidCase(
+        "checkpoint-interval-zero",
+        _spec(checkpoint={"intervalSteps": 0}),
+        "spec.checkpoint.intervalSteps",
+    ),
+    InvalidCase("keep-last-zero", _spec(checkpoint={"keepLast": 0}), "spec.checkpoint.keepLast"),
+    InvalidCase(
+        "heartbeat-timeout-not-above-interval",
+        _spec(liveness={"heartbeatIntervalSeconds": 30, "heartbeatTimeoutSeconds": 30}),
+        "spec.liveness.heartbeatTimeoutSeconds",
+        "heartbeatTimeoutSeconds must exceed heartbeatIntervalSeconds",
+    ),
+    InvalidCase(
+        "progress-timeout-below-heartbeat-timeout",
+        _spec(liveness={"heartbeatTimeoutSeconds": 120, "progressTimeoutSeconds": 60}),
+        "spec.liveness.progressTimeoutSeconds",
+        "progressTimeoutSeconds must be at least heartbeatTimeoutSeconds",
+    ),
+    InvalidCase(
+        "backoff-above-max",
+        _spec(recovery={"backoffSeconds": 900, "maxBackoffSeconds": 60}),
+        "spec.recovery.backoffSeconds",
+        "backoffSeconds must not exceed maxBackoffSeconds",
+    ),
+    InvalidCase("ray-version-not-semver", _spec(rayVersion="latest"), "spec.rayVersion"),
+    InvalidCase("unknown-field", _spec(learningRate=0.1), "spec.learningRate"),
+    InvalidCase("name-too-long", {"metadata": {"name": "x" * 64}}, "metadata.name"),
+    InvalidCase("dataset-source-missing", _spec(dataset={"source": None}), "spec.dataset.source"),
+    InvalidCase(
+        "active-deadline-zero", _spec(activeDeadlineSeconds=0), "spec.activeDeadlineSeconds"
+    ),
+    InvalidCase("pull-policy-unknown", _spec(imagePullPolicy="Sometimes"), "spec.imagePullPolicy"),
+]

@@ -1,0 +1,162 @@
+"""The RayCluster builder: placement by role, determinism, and golden files users can read."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rlhf_operator import builder
+
+from rlhfjob.config import load_job, parse_job
+from rlhfjob.invalid_cases import merge_patch, valid_job
+
+ROOT = Path(__file__).parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _job(patch: dict[str, Any] | None = None, uid: str = "0000-uid"):
+    document = merge_patch(valid_job("demo"), patch or {})
+    document["metadata"]["uid"] = uid
+    return parse_job(document)
+
+
+def _groups(cluster: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {group["groupName"]: group for group in cluster["spec"]["workerGroupSpecs"]}
+
+
+def _container(template: dict[str, Any]) -> dict[str, Any]:
+    return template["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_rendered_examples_match_golden_files(path: Path) -> None:
+    job = load_job(path)
+    rendered = builder.to_yaml(builder.build_ray_cluster(job), builder.build_config_map(job))
+    golden = GOLDEN / f"{path.stem}.rendered.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(rendered)
+    assert golden.read_text() == rendered, f"re-run with UPDATE_GOLDEN=1 to accept: {golden}"
+
+
+def test_same_input_gives_byte_identical_output() -> None:
+    first = builder.to_yaml(builder.build_ray_cluster(_job()))
+    second = builder.to_yaml(builder.build_ray_cluster(_job()))
+    assert first == second
+    assert "&id" not in first, "shared objects must not turn into YAML anchors"
+
+
+def test_one_worker_group_per_enabled_role_with_placement() -> None:
+    selector = {"rlhf.dev/pool": "gpu-train"}
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    job = _job(
+        {
+            "spec": {
+                "algorithm": {"name": "ppo"},
+                "roles": {
+                    "trainer": {
+                        "replicas": 2,
+                        "gpus": 8,
+                        "nodeSelector": selector,
+                        "tolerations": [toleration],
+                    },
+                    "rollout": {
+                        "replicas": 3,
+                        "minReplicas": 1,
+                        "gpus": 8,
+                        "tensorParallelSize": 2,
+                        "backend": "vllm",
+                    },
+                    "critic": {"gpus": 2, "affinity": {"podAntiAffinity": {}}},
+                },
+            }
+        }
+    )
+    groups = _groups(builder.build_ray_cluster(job))
+    assert list(groups) == ["trainer", "rollout", "critic"]
+
+    trainer = groups["trainer"]
+    assert (trainer["replicas"], trainer["minReplicas"], trainer["maxReplicas"]) == (2, 2, 2)
+    assert trainer["template"]["spec"]["nodeSelector"] == selector
+    assert trainer["template"]["spec"]["tolerations"] == [toleration]
+    limits = _container(trainer["template"])["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "8"
+    advertised = json.loads(json.loads(trainer["rayStartParams"]["resources"]))
+    assert advertised == {"rlhf-role-trainer": 8}
+
+    rollout = groups["rollout"]
+    assert (rollout["replicas"], rollout["minReplicas"], rollout["maxReplicas"]) == (3, 1, 3)
+    advertised = json.loads(json.loads(rollout["rayStartParams"]["resources"]))
+    assert advertised == {"rlhf-role-rollout": 4}, "8 GPUs / TP 2 = 4 engines per pod"
+    assert groups["critic"]["template"]["spec"]["affinity"] == {"podAntiAffinity": {}}
+
+
+def test_head_requests_no_gpu_and_hosts_no_actors() -> None:
+    cluster = builder.build_ray_cluster(_job({"spec": {"roles": {"trainer": {"gpus": 8}}}}))
+    head = cluster["spec"]["headGroupSpec"]
+    resources = _container(head["template"])["resources"]
+    assert "nvidia.com/gpu" not in resources["requests"]
+    assert "nvidia.com/gpu" not in resources["limits"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+
+
+def test_every_pod_gets_shm_job_config_and_checkpoint_volume() -> None:
+    volume = {"persistentVolumeClaim": {"claimName": "ckpt"}}
+    job = _job({"spec": {"checkpoint": {"path": "/ckpt", "volume": volume}}})
+    cluster = builder.build_ray_cluster(job)
+    templates = [cluster["spec"]["headGroupSpec"]["template"]] + [
+        group["template"] for group in cluster["spec"]["workerGroupSpecs"]
+    ]
+    for template in templates:
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in _container(template)["volumeMounts"]}
+        assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+        assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+        assert volumes["job-config"]["configMap"]["name"] == "demo-config"
+        assert mounts == {"dshm": "/dev/shm", "job-config": "/etc/rlhfjob", "checkpoints": "/ckpt"}
+
+
+def test_pods_run_as_non_root() -> None:
+    cluster = builder.build_ray_cluster(_job())
+    for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]:
+        spec = group["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert _container(group["template"])["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_labels_and_owner_reference_tie_objects_to_the_job() -> None:
+    job = _job(uid="abc-123")
+    for manifest in (builder.build_ray_cluster(job), builder.build_config_map(job)):
+        metadata = manifest["metadata"]
+        assert metadata["labels"]["rlhf.dev/job"] == "demo"
+        (owner,) = metadata["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("RLHFJob", "demo", "abc-123")
+        assert owner["controller"] is True
+    cluster = builder.build_ray_cluster(job)
+    roles = [
+        g["template"]["metadata"]["labels"]["rlhf.dev/role"]
+        for g in cluster["spec"]["workerGroupSpecs"]
+    ]
+    assert roles == ["trainer", "rollout"]
+
+
+def test_long_names_are_shortened_deterministically_and_stay_unique() -> None:
+    first = _job({"metadata": {"name": "a" * 60 + "x"}})
+    second = _job({"metadata": {"name": "a" * 60 + "y"}})
+    name_first = builder.ray_cluster_name(first)
+    assert len(name_first) <= 53
+    assert name_first == builder.ray_cluster_name(first)
+    assert name_first != builder.ray_cluster_name(second)
+    assert builder.ray_cluster_name(_job()) == "demo"
+
+
+def test_config_map_holds_the_job_the_trainer_reads_back() -> None:
+    job = _job()
+    config_map = builder.build_config_map(job)
+    document = yaml.safe_load(config_map["data"][builder.JOB_CONFIG_FILE])
+    assert parse_job(document).spec == job.spec
