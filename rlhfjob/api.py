@@ -62,7 +62,6 @@ FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
-PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class ApiModel(BaseModel):
@@ -208,6 +207,18 @@ class RolloutRoleSpec(ElasticRoleSpec):
         immutable("tensorParallelSize"),
         immutable("backend"),
     )
+
+
+def ray_resource(role: str) -> str:
+    """The Ray custom resource a role's nodes advertise and its actors request (decision 3)."""
+    return f"rlhf-role-{role}"
+
+
+def actor_slots(spec: RoleSpec) -> int:
+    """Actors one replica of a role hosts: one per GPU (rollout: one per engine), one on CPU."""
+    if isinstance(spec, RolloutRoleSpec):
+        return max(1, spec.gpus // spec.tensor_parallel_size)
+    return max(1, spec.gpus)
 
 
 class Roles(ApiModel):

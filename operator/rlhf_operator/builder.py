@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rlhfjob import api
-from rlhfjob.api import RLHFJob, RoleSpec, RolloutRoleSpec, Toleration
+from rlhfjob.api import RLHFJob, RoleSpec, Toleration
 
 MAX_RAY_CLUSTER_NAME = 53  # KubeRay derives Service and pod names from it; 63 - suffixes
 JOB_CONFIG_DIR = "/etc/rlhfjob"
@@ -36,18 +36,6 @@ RAY_PORTS = [
     {"name": "metrics", "containerPort": 8080},
 ]
 DASHBOARD_PORT = 8265
-
-
-def role_resource(role: str) -> str:
-    """The Ray custom resource a role's nodes advertise and its actors request."""
-    return f"rlhf-role-{role}"
-
-
-def slots_per_replica(role: str, spec: RoleSpec) -> int:
-    """Actors one pod of the role hosts: one per GPU (rollout: per engine), one on CPU."""
-    if isinstance(spec, RolloutRoleSpec):
-        return max(1, spec.gpus // spec.tensor_parallel_size)
-    return max(1, spec.gpus)
 
 
 def _short_name(base: str, limit: int) -> str:
@@ -191,15 +179,15 @@ def _pod_template(
 
 
 def _worker_group(job: RLHFJob, role: str, spec: RoleSpec) -> dict[str, Any]:
-    slots = slots_per_replica(role, spec)
     min_replicas = getattr(spec, "min_replicas", None)
+    advertised = {api.ray_resource(role): api.actor_slots(spec)}
     return {
         "groupName": role,
         "replicas": spec.replicas,
         "minReplicas": spec.replicas if min_replicas is None else min_replicas,
         "maxReplicas": spec.replicas,
         # KubeRay's format: the value is itself a quoted JSON string.
-        "rayStartParams": {"resources": json.dumps(json.dumps({role_resource(role): slots}))},
+        "rayStartParams": {"resources": json.dumps(json.dumps(advertised))},
         "template": _pod_template(
             job,
             role=role,
