@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from rlhf_operator import builder
 
+from rlhf_operator import builder
 from rlhfjob.config import load_job, parse_job
 from rlhfjob.invalid_cases import merge_patch, valid_job
 

@@ -1,0 +1,367 @@
+"""The lifecycle policy, one observed world per row: what phase and actions follow."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from rlhf_operator.policy import (
+    ApplyCluster,
+    ClusterView,
+    DeleteCluster,
+    DeleteJob,
+    HeartbeatView,
+    Observed,
+    RayJobView,
+    StopRayJob,
+    SubmitRayJob,
+    backoff_seconds,
+    decide,
+    submission_id,
+)
+from rlhfjob.api import Phase, RLHFJob
+from rlhfjob.config import parse_job
+from rlhfjob.invalid_cases import merge_patch, valid_job
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def make_job(status: dict[str, Any] | None = None, **spec: Any) -> RLHFJob:
+    document = merge_patch(valid_job("job"), {"spec": spec})
+    document["metadata"].update(uid="12345678-abcd", generation=1)
+    if status is not None:
+        document["status"] = status
+    return parse_job(document)
+
+
+def ready_cluster(created: float = 0, **overrides: Any) -> ClusterView:
+    fields = dict(name="job", created=at(created), ready=True, dashboard="http://head:8265")
+    return ClusterView(**{**fields, **overrides})
+
+
+def running(attempt: int = 0, **status: Any) -> dict[str, Any]:
+    return {"phase": "Running", "restartCount": attempt, "startTime": T0.isoformat(), **status}
+
+
+def ray_job(state: str, attempt: int = 0, **fields: Any) -> RayJobView:
+    return RayJobView(submission_id=f"job-12345678-{attempt}", status=state, **fields)  # type: ignore[arg-type]
+
+
+def kinds(plan) -> list[type]:
+    return [type(action) for action in plan.actions]
+
+
+def test_new_job_creates_its_cluster() -> None:
+    plan = decide(Observed(job=make_job(), now=at(0), created=at(0)))
+    assert kinds(plan) == [ApplyCluster]
+    assert plan.status.phase == Phase.PROVISIONING
+    assert plan.status.start_time == at(0)
+    assert [e.reason for e in plan.events] == ["Provisioning"]
+
+
+def test_cluster_not_ready_waits_until_the_provisioning_deadline() -> None:
+    job = make_job({"phase": "Provisioning"}, provisioningTimeoutSeconds=100)
+    seen = Observed(job=job, now=at(40), created=at(0), cluster=ready_cluster(10, ready=False))
+    plan = decide(seen)
+    assert kinds(plan) == [ApplyCluster]
+    assert plan.status.phase == Phase.PROVISIONING
+    assert plan.requeue_after == pytest.approx(70)
+
+
+def test_provisioning_timeout_fails_quoting_the_scheduler() -> None:
+    job = make_job({"phase": "Provisioning"}, provisioningTimeoutSeconds=100)
+    problem = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
+    seen = Observed(
+        job=job,
+        now=at(111),
+        created=at(0),
+        cluster=ready_cluster(10, ready=False),
+        scheduling_problem=problem,
+    )
+    plan = decide(seen)
+    assert plan.status.phase == Phase.FAILED
+    assert problem in plan.status.message
+    assert DeleteCluster in kinds(plan)
+    assert plan.events[-1].reason == "ProvisioningTimeout"
+    assert plan.status.completion_time == at(111)
+
+
+def test_ready_cluster_gets_the_trainer_submitted_once() -> None:
+    job = make_job({"phase": "Provisioning"})
+    plan = decide(Observed(job=job, now=at(5), created=at(0), cluster=ready_cluster()))
+    submits = [a for a in plan.actions if isinstance(a, SubmitRayJob)]
+    assert submits == [SubmitRayJob(submission_id="job-12345678-0", resume=False)]
+    assert plan.status.phase == Phase.RUNNING
+    assert plan.status.dashboard_url == "http://head:8265"
+
+
+def test_unreachable_dashboard_is_a_condition_and_a_retry_not_a_failure() -> None:
+    job = make_job({"phase": "Provisioning"})
+    seen = Observed(
+        job=job, now=at(5), created=at(0), cluster=ready_cluster(), dashboard_error="refused"
+    )
+    plan = decide(seen)
+    assert SubmitRayJob not in kinds(plan)
+    assert plan.status.phase == Phase.PROVISIONING
+    reachable = next(c for c in plan.status.conditions if c.type == "DashboardReachable")
+    assert (reachable.status, reachable.message) == ("False", "refused")
+    assert plan.requeue_after == 5
+
+
+def test_running_job_reports_progress_from_the_heartbeat() -> None:
+    beat = HeartbeatView(
+        renewed=at(99), step=7, total_steps=10, checkpoint_step=5, checkpoint_path="/c/5", attempt=0
+    )
+    seen = Observed(
+        job=make_job(running()),
+        now=at(100),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+        heartbeat=beat,
+    )
+    plan = decide(seen)
+    assert kinds(plan) == [ApplyCluster]
+    assert plan.status.phase == Phase.RUNNING
+    assert (plan.status.current_step, plan.status.total_steps) == (7, 10)
+    assert plan.status.last_checkpoint is not None
+    assert plan.status.last_checkpoint.step == 5
+    assert plan.status.message == "training: step 7/10"
+
+
+def test_heartbeat_of_an_older_attempt_is_ignored() -> None:
+    beat = HeartbeatView(renewed=at(99), step=99, attempt=0)
+    seen = Observed(
+        job=make_job(running(attempt=1, currentStep=3)),
+        now=at(100),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING", attempt=1),
+        heartbeat=beat,
+    )
+    assert decide(seen).status.current_step == 3
+
+
+def test_success_is_terminal_and_releases_the_cluster() -> None:
+    seen = Observed(
+        job=make_job(running()),
+        now=at(200),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("SUCCEEDED"),
+    )
+    plan = decide(seen)
+    assert plan.status.phase == Phase.SUCCEEDED
+    assert DeleteCluster in kinds(plan)
+    assert plan.status.completion_time == at(200)
+
+
+def test_terminal_phase_stays_terminal_whatever_is_observed() -> None:
+    job = make_job({"phase": "Succeeded", "completionTime": at(10).isoformat()})
+    seen = Observed(
+        job=job, now=at(20), created=at(0), cluster=ready_cluster(), ray_job=ray_job("FAILED")
+    )
+    plan = decide(seen)
+    assert plan.status.phase == Phase.SUCCEEDED
+    assert kinds(plan) == [DeleteCluster]
+
+
+def test_failed_trainer_restarts_from_the_last_checkpoint_after_backoff() -> None:
+    checkpoint = {"step": 20, "path": "/ckpt/step-20"}
+    job = make_job(running(lastCheckpoint=checkpoint), recovery={"backoffSeconds": 10})
+    failed = Observed(
+        job=job,
+        now=at(100),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("FAILED", exit_code=1, message="exit code 1"),
+    )
+    plan = decide(failed)
+    assert plan.status.phase == Phase.RECOVERING
+    assert plan.status.restart_count == 1
+    (record,) = plan.status.restart_history
+    assert (record.reason, record.resumed_from_step) == ("TrainerFailed", 20)
+    assert plan.requeue_after == 10
+    assert plan.events[-1].type == "Warning"
+
+    # Within the backoff nothing is submitted; after it, attempt 1 resumes.
+    job = make_job(plan.status.wire(), recovery={"backoffSeconds": 10})
+    waiting = decide(
+        Observed(
+            job=job, now=at(105), created=at(0), cluster=ready_cluster(), ray_job=ray_job("FAILED")
+        )
+    )
+    assert SubmitRayJob not in kinds(waiting)
+    assert waiting.requeue_after == pytest.approx(5)
+    resumed = decide(
+        Observed(
+            job=job, now=at(111), created=at(0), cluster=ready_cluster(), ray_job=ray_job("FAILED")
+        )
+    )
+    assert SubmitRayJob("job-12345678-1", resume=True) in resumed.actions
+    assert resumed.status.phase == Phase.RUNNING
+
+
+def test_non_retryable_failure_fails_at_once() -> None:
+    seen = Observed(
+        job=make_job(running()),
+        now=at(50),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("FAILED", exit_code=3, message="reward function 'x:y': module not found"),
+    )
+    plan = decide(seen)
+    assert plan.status.phase == Phase.FAILED
+    assert plan.status.restart_count == 0
+    assert "module not found" in plan.status.message
+    assert plan.events[-1].reason == "NonRetryableError"
+
+
+def test_restart_budget_exhausted_fails_with_the_reason() -> None:
+    job = make_job(running(attempt=2), recovery={"maxRestarts": 2})
+    seen = Observed(
+        job=job,
+        now=at(50),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("FAILED", attempt=2, message="boom"),
+    )
+    plan = decide(seen)
+    assert plan.status.phase == Phase.FAILED
+    assert "boom" in plan.status.message and "after 2 restarts" in plan.status.message
+    assert plan.events[-1].reason == "RestartsExhausted"
+
+
+def test_suspend_stops_the_trainer_and_releases_the_cluster() -> None:
+    seen = Observed(
+        job=make_job(running(), suspend=True),
+        now=at(50),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+    )
+    plan = decide(seen)
+    assert kinds(plan) == [StopRayJob, DeleteCluster]
+    assert plan.status.phase == Phase.SUSPENDED
+
+
+def test_unsuspend_recreates_the_cluster() -> None:
+    job = make_job({"phase": "Suspended", "lastCheckpoint": {"step": 4, "path": "/c"}})
+    plan = decide(Observed(job=job, now=at(60), created=at(0)))
+    assert kinds(plan) == [ApplyCluster]
+    assert plan.status.phase == Phase.PROVISIONING
+    assert [e.reason for e in plan.events] == ["Resumed", "Provisioning"]
+
+
+def test_active_deadline_fails_the_job() -> None:
+    seen = Observed(
+        job=make_job(running(), activeDeadlineSeconds=30),
+        now=at(31),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+    )
+    plan = decide(seen)
+    assert plan.status.phase == Phase.FAILED
+    assert kinds(plan) == [StopRayJob, DeleteCluster]
+    assert plan.events[-1].reason == "DeadlineExceeded"
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"), [(at(109), [DeleteCluster]), (at(111), [DeleteCluster, DeleteJob])]
+)
+def test_ttl_after_finished_deletes_the_job(now: datetime, expected: list[type]) -> None:
+    job = make_job(
+        {"phase": "Failed", "completionTime": at(10).isoformat()}, ttlSecondsAfterFinished=100
+    )
+    plan = decide(Observed(job=job, now=now, created=at(0), cluster=ready_cluster()))
+    assert kinds(plan) == expected
+
+
+def test_stale_heartbeat_means_hung_and_restarts() -> None:
+    job = make_job(running(), liveness={"heartbeatTimeoutSeconds": 30})
+    beat = HeartbeatView(renewed=at(60), step=12, attempt=0)
+    seen = Observed(
+        job=job,
+        now=at(100),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+        heartbeat=beat,
+    )
+    plan = decide(seen)
+    assert StopRayJob("job-12345678-0") in plan.actions
+    assert plan.status.phase == Phase.RECOVERING
+    assert plan.status.restart_history[-1].reason == "TrainerHung"
+    healthy = next(c for c in plan.status.conditions if c.type == "Healthy")
+    assert "40s ago at step 12" in healthy.message
+
+
+def test_heartbeats_without_progress_mean_stalled() -> None:
+    job = make_job(running(), liveness={"progressTimeoutSeconds": 120})
+    beat = HeartbeatView(renewed=at(299), step=12, attempt=0, step_changed=at(100))
+    seen = Observed(
+        job=job,
+        now=at(300),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+        heartbeat=beat,
+    )
+    plan = decide(seen)
+    assert plan.status.restart_history[-1].reason == "TrainerStalled"
+
+
+def test_cluster_unhealthy_past_its_deadline_is_recreated() -> None:
+    job = make_job(running(), recovery={"clusterRecoveryTimeoutSeconds": 60})
+    sick = ready_cluster(ready=False)
+    first = decide(Observed(job=job, now=at(100), created=at(0), cluster=sick))
+    assert first.status.phase == Phase.RECOVERING
+    assert DeleteCluster not in kinds(first)
+    job = make_job(first.status.wire(), recovery={"clusterRecoveryTimeoutSeconds": 60})
+    later = decide(Observed(job=job, now=at(161), created=at(0), cluster=sick))
+    assert DeleteCluster in kinds(later)
+    assert later.status.restart_history[-1].reason == "ClusterUnhealthy"
+
+
+def test_same_world_same_plan() -> None:
+    seen = Observed(
+        job=make_job(running()),
+        now=at(9),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+    )
+    assert decide(seen) == decide(seen)
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    job = make_job(recovery={"backoffSeconds": 10, "maxBackoffSeconds": 35})
+    assert [backoff_seconds(job, n) for n in range(5)] == [0, 10, 20, 35, 35]
+
+
+def test_restart_history_is_bounded() -> None:
+    history = [{"time": at(i).isoformat(), "reason": "TrainerFailed"} for i in range(20)]
+    job = make_job(running(attempt=20, restartHistory=history), recovery={"maxRestarts": 50})
+    seen = Observed(
+        job=job,
+        now=at(500),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("FAILED", attempt=20),
+    )
+    plan = decide(seen)
+    assert len(plan.status.restart_history) == 20
+    assert plan.status.restart_history[-1].time == at(500)
+
+
+def test_submission_ids_differ_per_attempt_and_job() -> None:
+    job = make_job()
+    assert submission_id(job, 0) != submission_id(job, 1)
+    assert submission_id(job, 0) == "job-12345678-0"
