@@ -3,6 +3,7 @@
     rlhfjob crd                    print the RLHFJob CustomResourceDefinition
     rlhfjob validate FILE...       check job files against the API's schema and rules
     rlhfjob render FILE            print the RayCluster and ConfigMap the operator would apply
+    rlhfjob operator               run the operator
     rlhfjob demo                   the local demo (see README)
 
 Sub-commands import their heavy dependencies lazily, so `rlhfjob crd` works without torch or
@@ -46,6 +47,25 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ["RLHF_OPERATOR_TIMER_INTERVAL"] = str(args.timer_interval)
+    os.environ["RLHF_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    import kopf
+
+    import rlhf_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        standalone=True,
+        namespaces=args.namespace or [],
+        clusterwide=not args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+    )
+    return 0
+
+
 def _demo(_: argparse.Namespace) -> int:
     # Placeholder until the operator and trainer land: validate and render the tiny example.
     from rlhfjob.crdgen import REPO_ROOT
@@ -69,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     command("render", _render, "print the RayCluster the operator would create").add_argument(
         "file"
     )
+    operator = command("operator", _operator, "run the operator (kubeconfig or in-cluster)")
+    operator.add_argument(
+        "--namespace", action="append", help="watch only this namespace (repeatable)"
+    )
+    operator.add_argument("--metrics-port", type=int, default=8080)
+    operator.add_argument("--health-port", type=int, default=8081)
+    operator.add_argument(
+        "--timer-interval", type=float, default=5.0, help="seconds between re-reads of each job"
+    )
+    operator.add_argument("--verbose", action="store_true")
     command("demo", _demo, "run the local demo")
     return parser
 

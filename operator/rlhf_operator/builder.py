@@ -241,3 +241,65 @@ def dashboard_url(job: RLHFJob) -> str:
 def to_yaml(*manifests: dict[str, Any]) -> str:
     """Manifests as one multi-document YAML string, key order preserved (it is deterministic)."""
     return "---\n".join(yaml.safe_dump(m, sort_keys=False, width=100) for m in manifests)
+
+
+def heartbeat_lease_name(job: RLHFJob) -> str:
+    """The trainer's heartbeat Lease is named after the job (design decision 4)."""
+    return job.metadata.name
+
+
+def build_heartbeat_lease(job: RLHFJob) -> dict[str, Any]:
+    """Created by the operator so the trainer needs `update` on this one Lease, not `create`."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": _metadata(job, heartbeat_lease_name(job)),
+        "spec": {"leaseDurationSeconds": job.spec.liveness.heartbeat_timeout_seconds},
+    }
+
+
+def build_trainer_rbac(job: RLHFJob) -> list[dict[str, Any]]:
+    """The Ray pods' identity: it may read and renew this job's Lease, and nothing else."""
+    name = trainer_service_account(job)
+    role_name = _short_name(f"{job.metadata.name}-heartbeat", 63)
+    objects: list[dict[str, Any]] = []
+    if job.spec.service_account_name is None:
+        objects.append(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, name)}
+        )
+    objects.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(job, role_name),
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [heartbeat_lease_name(job)],
+                    "verbs": ["get", "update", "patch"],
+                }
+            ],
+        }
+    )
+    objects.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(job, role_name),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": role_name,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": name, "namespace": job.metadata.namespace}
+            ],
+        }
+    )
+    return objects
+
+
+def build_owned_objects(job: RLHFJob) -> list[dict[str, Any]]:
+    """Everything the operator applies for a running job, in dependency order."""
+    return [*build_trainer_rbac(job), build_config_map(job), build_ray_cluster(job)]

@@ -165,6 +165,7 @@ class _Planner:
         self.job = seen.job
         previous = seen.job.status or RLHFJobStatus()
         self.previous_phase = previous.phase
+        self.spec_changed = previous.observed_generation != seen.job.metadata.generation
         self.plan = Plan(status=previous.model_copy(deep=True))
 
     # -- helpers -----------------------------------------------------------------------------
@@ -305,7 +306,8 @@ class _Planner:
                 self.enter(Phase.PROVISIONING, "creating the RayCluster", reason="Provisioning")
             self.condition(CLUSTER_READY, False, "Creating", "the RayCluster is being created")
             return
-        self.act(ApplyCluster())  # level-triggered: keeps replica counts and config in step
+        if self.spec_changed:
+            self.act(ApplyCluster())  # e.g. new replica counts of an elastic role
         self.status.ray_cluster_name = cluster.name
         if not cluster.ready:
             self.wait_for_cluster(cluster)

@@ -135,6 +135,20 @@ def test_running_job_reports_progress_from_the_heartbeat() -> None:
     assert plan.status.message == "training: step 7/10"
 
 
+def test_existing_cluster_is_reapplied_only_when_the_spec_changed() -> None:
+    seen = Observed(
+        job=make_job(running(observedGeneration=1)),
+        now=at(100),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+    )
+    assert ApplyCluster not in kinds(decide(seen))
+    job = make_job(running(observedGeneration=1))
+    job.metadata.generation = 2
+    assert ApplyCluster in kinds(decide(Observed(**{**seen.__dict__, "job": job})))
+
+
 def test_heartbeat_of_an_older_attempt_is_ignored() -> None:
     beat = HeartbeatView(renewed=at(99), step=99, attempt=0)
     seen = Observed(

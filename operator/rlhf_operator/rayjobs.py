@@ -1,0 +1,91 @@
+"""A small client for Ray's Job Submission REST API on the head's dashboard.
+
+Only what the operator needs: submit (idempotent by submission id), read one job's status, stop
+it. Every call has a timeout; a dashboard that does not answer raises `DashboardUnavailableError`,
+which the reconciler turns into a condition and a retry, never a failure of the job.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import aiohttp
+
+from rlhf_operator.policy import RayJobView
+
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=10)
+_EXIT_CODE = re.compile(r"exit code (-?\d+)")
+
+
+class DashboardUnavailableError(Exception):
+    """The dashboard could not be reached or answered with a server error."""
+
+
+class RayJobClient:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+
+    async def _request(
+        self, method: str, url: str, payload: dict[str, Any] | None = None
+    ) -> tuple[int, Any]:
+        try:
+            async with self._session.request(
+                method, url, json=payload, timeout=REQUEST_TIMEOUT
+            ) as response:
+                text = await response.text()
+                if response.status >= 500 and "already exists" not in text:
+                    problem = f"{method} {url}: HTTP {response.status}: {text}"
+                    raise DashboardUnavailableError(problem)
+                try:
+                    body = await response.json(content_type=None) if text else None
+                except ValueError:
+                    body = text
+                return response.status, body
+        except (aiohttp.ClientError, TimeoutError) as error:
+            problem = f"{method} {url}: {error or type(error).__name__}"
+            raise DashboardUnavailableError(problem) from None
+
+    async def status(self, dashboard: str, submission_id: str) -> RayJobView | None:
+        """The job's state, or None when no job with that id was submitted."""
+        code, body = await self._request("GET", f"{dashboard}/api/jobs/{submission_id}")
+        if code == 404:
+            return None
+        if code != 200 or not isinstance(body, dict):
+            raise DashboardUnavailableError(f"unexpected answer for job {submission_id}: {code}")
+        message = body.get("message") or ""
+        exit_code = body.get("driver_exit_code")
+        if exit_code is None and (match := _EXIT_CODE.search(message)):
+            exit_code = int(match.group(1))
+        return RayJobView(
+            submission_id=submission_id,
+            status=body["status"],
+            message=message[:2000],
+            exit_code=exit_code,
+        )
+
+    async def submit(
+        self,
+        dashboard: str,
+        submission_id: str,
+        entrypoint: str,
+        *,
+        env: dict[str, str],
+        metadata: dict[str, str],
+    ) -> None:
+        """Submit once: a second submission of the same id is a no-op, not a duplicate job."""
+        payload = {
+            "entrypoint": entrypoint,
+            "submission_id": submission_id,
+            "runtime_env": {"env_vars": env},
+            "metadata": metadata,
+        }
+        code, body = await self._request("POST", f"{dashboard}/api/jobs/", payload)
+        if code == 200 or "already exists" in str(body):
+            return
+        raise DashboardUnavailableError(f"submitting {submission_id}: HTTP {code}: {body}")
+
+    async def stop(self, dashboard: str, submission_id: str) -> None:
+        code, body = await self._request("POST", f"{dashboard}/api/jobs/{submission_id}/stop")
+        if code not in (200, 404):
+            raise DashboardUnavailableError(f"stopping {submission_id}: HTTP {code}: {body}")

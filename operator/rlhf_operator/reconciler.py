@@ -1,0 +1,304 @@
+"""Observe → decide → act for one RLHFJob (design decision 2).
+
+`Reconciler.reconcile` reads the world (the job, its RayCluster, the current Ray job, the
+heartbeat Lease), asks the pure policy what to do, does it, and writes the status. It is safe to
+call at any time and any number of times: kopf's handlers and timer only ever "kick" it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from rlhf_operator import builder
+from rlhf_operator.kube import Kube, parse_time
+from rlhf_operator.metrics import OperatorMetrics
+from rlhf_operator.policy import (
+    CLUSTER_READY,
+    DASHBOARD_REACHABLE,
+    ApplyCluster,
+    ClusterView,
+    DeleteCluster,
+    DeleteJob,
+    Event,
+    HeartbeatView,
+    Observed,
+    Plan,
+    StopRayJob,
+    SubmitRayJob,
+    decide,
+    submission_id,
+)
+from rlhfjob import contract
+from rlhfjob.api import Condition, Phase, RLHFJob, RLHFJobStatus
+from rlhfjob.config import InvalidJobError, parse_job
+
+log = logging.getLogger("rlhf_operator")
+
+
+class RayJobs(Protocol):
+    async def status(self, dashboard: str, submission_id: str) -> Any: ...
+    async def submit(
+        self,
+        dashboard: str,
+        submission_id: str,
+        entrypoint: str,
+        *,
+        env: dict[str, str],
+        metadata: dict[str, str],
+    ) -> None: ...
+    async def stop(self, dashboard: str, submission_id: str) -> None: ...
+
+
+EventSink = Callable[[dict[str, Any], Event], None]
+
+
+def _annotation_int(annotations: dict[str, str], key: str) -> int | None:
+    value = annotations.get(key)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
+    """Read the trainer's Lease; unreadable annotations count as missing, never as a crash."""
+    if lease is None or lease.spec is None or lease.spec.renew_time is None:
+        return None
+    notes = lease.metadata.annotations or {}
+    renewed = lease.spec.renew_time
+    if renewed.tzinfo is None:
+        renewed = renewed.replace(tzinfo=UTC)
+    try:
+        step_changed = parse_time(notes.get(contract.LEASE_STEP_TIME))
+    except ValueError:
+        step_changed = None
+    return HeartbeatView(
+        renewed=renewed,
+        step=_annotation_int(notes, contract.LEASE_STEP),
+        total_steps=_annotation_int(notes, contract.LEASE_TOTAL_STEPS),
+        checkpoint_step=_annotation_int(notes, contract.LEASE_CHECKPOINT_STEP),
+        checkpoint_path=notes.get(contract.LEASE_CHECKPOINT_PATH),
+        attempt=_annotation_int(notes, contract.LEASE_ATTEMPT),
+        step_changed=step_changed,
+    )
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        ray_jobs: RayJobs,
+        metrics: OperatorMetrics,
+        emit: EventSink,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.kube = kube
+        self.ray_jobs = ray_jobs
+        self.metrics = metrics
+        self.emit = emit
+        self.clock = clock
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._phases: dict[tuple[str, str], str] = {}
+
+    async def reconcile(self, namespace: str, name: str) -> float | None:
+        """Bring one job one step closer to what it asks for; returns seconds until due again."""
+        key = (namespace, name)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            started = time.perf_counter()
+            try:
+                delay = await self._reconcile(namespace, name)
+            except Exception:
+                self.metrics.reconciles.labels(result="error").inc()
+                raise
+            finally:
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+            self.metrics.reconciles.labels(result="ok").inc()
+            return delay
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._locks.pop((namespace, name), None)
+        self._phases.pop((namespace, name), None)
+        self._update_phase_gauge()
+
+    async def _reconcile(self, namespace: str, name: str) -> float | None:
+        body = await self.kube.get_job(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.forget(namespace, name)
+            return None
+        try:
+            job = parse_job(body, f"{namespace}/{name}")
+        except InvalidJobError as error:
+            await self._reject(body, error)
+            return None
+        seen = await self.observe(job, body)
+        plan = decide(seen)
+        await self.act(job, body, seen, plan)
+        await self._write_status(job, body, plan.status)
+        self._record_metrics(job, seen, plan)
+        return plan.requeue_after
+
+    async def observe(self, job: RLHFJob, body: dict[str, Any]) -> Observed:
+        namespace = job.metadata.namespace
+        now = self.clock()
+        created = parse_time(body["metadata"].get("creationTimestamp")) or now
+        status = job.status or RLHFJobStatus()
+        cluster_body = await self.kube.get_ray_cluster(namespace, builder.ray_cluster_name(job))
+        cluster = self._cluster_view(job, cluster_body)
+        ray_job = dashboard_error = scheduling_problem = None
+        if cluster and cluster.ready and not cluster.deleting and cluster.dashboard:
+            try:
+                ray_job = await self.ray_jobs.status(
+                    cluster.dashboard, submission_id(job, status.restart_count)
+                )
+            except Exception as error:  # any failure to talk to Ray is "unreachable"
+                dashboard_error = str(error) or type(error).__name__
+        elif cluster and not cluster.ready:
+            scheduling_problem = await self.kube.pending_pod_problem(namespace, cluster.name)
+        lease = await self.kube.get_lease(namespace, builder.heartbeat_lease_name(job))
+        return Observed(
+            job=job,
+            now=now,
+            created=created,
+            cluster=cluster,
+            ray_job=ray_job,
+            dashboard_error=dashboard_error,
+            heartbeat=heartbeat_from_lease(lease),
+            scheduling_problem=scheduling_problem,
+        )
+
+    @staticmethod
+    def _cluster_view(job: RLHFJob, body: dict[str, Any] | None) -> ClusterView | None:
+        if body is None:
+            return None
+        metadata = body["metadata"]
+        annotations = metadata.get("annotations") or {}
+        return ClusterView(
+            name=metadata["name"],
+            created=parse_time(metadata.get("creationTimestamp")) or datetime.now(UTC),
+            ready=(body.get("status") or {}).get("state") == "ready",
+            deleting=bool(metadata.get("deletionTimestamp")),
+            dashboard=annotations.get(contract.DASHBOARD_ANNOTATION) or builder.dashboard_url(job),
+        )
+
+    async def act(self, job: RLHFJob, body: dict[str, Any], seen: Observed, plan: Plan) -> None:
+        namespace, name = job.metadata.namespace, job.metadata.name
+        dashboard = seen.cluster.dashboard if seen.cluster else None
+        for action in plan.actions:
+            match action:
+                case ApplyCluster():
+                    for manifest in builder.build_owned_objects(job):
+                        await self.kube.apply(manifest)
+                    await self.kube.create_if_missing(builder.build_heartbeat_lease(job))
+                case DeleteCluster(reason=reason):
+                    log.info("%s/%s: deleting RayCluster (%s)", namespace, name, reason)
+                    await self.kube.delete_ray_cluster(namespace, builder.ray_cluster_name(job))
+                case SubmitRayJob():
+                    assert dashboard is not None
+                    await self._submit(job, dashboard, action, plan)
+                case StopRayJob(submission_id=stopped) if dashboard:
+                    try:
+                        await self.ray_jobs.stop(dashboard, stopped)
+                    except Exception as error:
+                        log.warning("%s/%s: could not stop %s: %s", namespace, name, stopped, error)
+                case DeleteJob():
+                    log.info("%s/%s: ttlSecondsAfterFinished passed, deleting", namespace, name)
+                    await self.kube.delete_job(namespace, name)
+        for event in plan.events:
+            self.emit(body, event)
+
+    async def _submit(self, job: RLHFJob, dashboard: str, action: SubmitRayJob, plan: Plan) -> None:
+        attempt = str(job.status.restart_count if job.status else 0)
+        env = {
+            contract.ENV_JOB_NAME: job.metadata.name,
+            contract.ENV_JOB_NAMESPACE: job.metadata.namespace,
+            contract.ENV_ATTEMPT: attempt,
+        }
+        metadata = {"rlhfjob": job.metadata.name, "attempt": attempt}
+        self.metrics.submissions.inc()
+        try:
+            await self.ray_jobs.submit(
+                dashboard,
+                action.submission_id,
+                contract.train_command(resume=action.resume),
+                env=env,
+                metadata=metadata,
+            )
+        except Exception as error:
+            # Not submitted: keep the previous phase and say why; the next reconcile retries.
+            self.metrics.submission_failures.inc()
+            previous = job.status or RLHFJobStatus()
+            plan.status.phase = previous.phase
+            plan.status.message = f"could not submit the trainer: {error}"
+            plan.events[:] = [e for e in plan.events if e.reason != "Submitted"]
+            _set_condition(plan.status, DASHBOARD_REACHABLE, "False", "SubmitFailed", str(error))
+            plan.requeue_after = 5.0
+
+    async def _write_status(
+        self, job: RLHFJob, body: dict[str, Any], status: RLHFJobStatus
+    ) -> None:
+        new = status.wire()
+        if new != (body.get("status") or {}):
+            await self.kube.patch_job_status(job.metadata.namespace, job.metadata.name, new)
+
+    async def _reject(self, body: dict[str, Any], error: InvalidJobError) -> None:
+        """A job that slipped past the schema (older CRD, hand edit): Failed, with the reason."""
+        metadata = body["metadata"]
+        message = "invalid spec: " + "; ".join(error.problems)
+        current = body.get("status") or {}
+        if current.get("phase") == Phase.FAILED.value and current.get("message") == message:
+            return
+        log.warning("%s/%s: %s", metadata.get("namespace"), metadata["name"], message)
+        await self.kube.patch_job_status(
+            metadata.get("namespace", "default"),
+            metadata["name"],
+            {"phase": Phase.FAILED.value, "message": message[:32768]},
+        )
+        self.emit(body, Event("Warning", "InvalidSpec", message[:1024]))
+
+    def _record_metrics(self, job: RLHFJob, seen: Observed, plan: Plan) -> None:
+        before = job.status or RLHFJobStatus()
+        after = plan.status
+        age = (seen.now - seen.created).total_seconds()
+        provisioning = (Phase.PENDING, Phase.PROVISIONING)
+        if before.phase in provisioning and _condition_true(after, CLUSTER_READY):
+            self.metrics.cluster_ready_seconds.observe(age)
+        if after.current_step is not None and before.current_step is None:
+            self.metrics.first_step_seconds.observe(age)
+        if after.restart_count > before.restart_count and after.restart_history:
+            self.metrics.restarts.labels(reason=after.restart_history[-1].reason).inc()
+        self._phases[(job.metadata.namespace, job.metadata.name)] = after.phase.value
+        self._update_phase_gauge()
+
+    def _update_phase_gauge(self) -> None:
+        counts: dict[str, int] = {}
+        for phase in self._phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        self.metrics.set_phase_counts(counts)
+
+
+def _condition_true(status: RLHFJobStatus, type_: str) -> bool:
+    return any(c.type == type_ and c.status == "True" for c in status.conditions)
+
+
+def _set_condition(
+    status: RLHFJobStatus,
+    type_: str,
+    value: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+) -> None:
+    others = [c for c in status.conditions if c.type != type_]
+    updated = Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message[:32768],
+        last_transition_time=datetime.now(UTC),
+    )
+    status.conditions = sorted([*others, updated], key=lambda c: c.type)
