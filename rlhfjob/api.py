@@ -439,6 +439,9 @@ class RLHFJobSpec(ApiModel):
     image: str = Field(min_length=1)
     """Container image with the trainer (Ray, DeepSpeed, vLLM)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    entrypoint: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Ray job entrypoint instead of `rlhfjob train` (custom drivers, smoke tests). The operator
+    appends `--resume-from latest` when it resumes."""
     service_account_name: str | None = None
     """ServiceAccount of the Ray pods; it may renew this job's heartbeat Lease."""
     model: ModelSpec

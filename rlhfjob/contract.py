@@ -56,6 +56,10 @@ def checkpoint_dir(job: RLHFJob) -> PurePosixPath:
     return PurePosixPath(job.spec.checkpoint.path) / job.metadata.namespace / job.metadata.name
 
 
-def train_command(*, resume: bool) -> str:
+DEFAULT_ENTRYPOINT = "rlhfjob train"
+
+
+def train_command(job: RLHFJob, *, resume: bool) -> str:
     """The Ray job entrypoint: the job file comes from $RLHF_JOB_CONFIG in the pod."""
-    return "rlhfjob train" + (" --resume-from latest" if resume else "")
+    command = job.spec.entrypoint or DEFAULT_ENTRYPOINT
+    return command + (" --resume-from latest" if resume else "")

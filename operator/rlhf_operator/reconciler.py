@@ -225,7 +225,7 @@ class Reconciler:
             await self.ray_jobs.submit(
                 dashboard,
                 action.submission_id,
-                contract.train_command(resume=action.resume),
+                contract.train_command(job, resume=action.resume),
                 env=env,
                 metadata=metadata,
             )
