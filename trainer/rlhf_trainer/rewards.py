@@ -1,0 +1,135 @@
+"""Rule rewards: a user function named by a ``module:function`` string (design decision 10).
+
+A reward function scores a batch of generated responses. Its signature is::
+
+    def my_reward(
+        prompts: list[list[int]],      # prompt token ids, one list per sample
+        responses: list[list[int]],    # generated token ids, one list per sample
+        metadata: list[dict[str, Any]],  # per-sample fields from the dataset (answer, task, ...)
+    ) -> list[float]:                  # one finite reward per sample
+
+It works on token ids (decode them with your tokenizer if you need text), so it runs with tiny
+test models that have no tokenizer. The three lists have the same length; a prompt sampled ``n``
+times for GRPO appears ``n`` times.
+
+Problems with the function itself (it cannot be imported, is not callable, raises, returns the
+wrong number of values or a non-finite value) raise :class:`RewardFunctionError`. Retrying does
+not fix these, so the operator fails the job instead of restarting it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+RewardFunction = Callable[[list[list[int]], list[list[int]], list[dict[str, Any]]], Sequence[float]]
+"""``fn(prompts, responses, metadata) -> rewards``; see the module docstring."""
+
+
+class RewardFunctionError(Exception):
+    """The configured reward function is unusable; retrying the job will not help."""
+
+    def __init__(self, spec: str, problem: str) -> None:
+        super().__init__(f"reward function {spec!r}: {problem}")
+        self.spec = spec
+        self.problem = problem
+
+
+def load_reward_function(spec: str) -> RewardFunction:
+    """Import the callable named by ``spec``, e.g. ``"my_pkg.rewards:exact_match"``.
+
+    The part after the colon may be a dotted path (``"mod:Class.method"``). Raises
+    :class:`RewardFunctionError` naming ``spec`` when the string is malformed, the module cannot
+    be imported, the attribute is missing, or it is not callable.
+    """
+    module_name, separator, attribute_path = spec.partition(":")
+    if not separator or not module_name or not attribute_path:
+        raise RewardFunctionError(spec, "expected the form 'module:function'")
+
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or module_name
+        if module_name == missing or module_name.startswith(f"{missing}."):
+            raise RewardFunctionError(spec, f"module {module_name!r} not found") from error
+        raise RewardFunctionError(
+            spec, f"importing module {module_name!r} failed: {error}"
+        ) from error
+    except Exception as error:
+        raise RewardFunctionError(
+            spec, f"importing module {module_name!r} failed: {type(error).__name__}: {error}"
+        ) from error
+
+    for name in attribute_path.split("."):
+        try:
+            target = getattr(target, name)
+        except AttributeError as error:
+            raise RewardFunctionError(
+                spec, f"module {module_name!r} has no attribute {attribute_path!r}"
+            ) from error
+    if not callable(target):
+        raise RewardFunctionError(spec, f"{attribute_path!r} is not callable")
+    return target
+
+
+@dataclass
+class RuleReward:
+    """A loaded reward function plus the checks that make its mistakes fail loudly.
+
+    ``RuleReward.from_spec("pkg.mod:fn")`` loads once; calling it scores a batch and returns a
+    list of floats, raising :class:`RewardFunctionError` on a bad result.
+    """
+
+    spec: str
+    function: RewardFunction = field(repr=False)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> RuleReward:
+        return cls(spec=spec, function=load_reward_function(spec))
+
+    def __call__(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        metadata: list[dict[str, Any]] | None = None,
+    ) -> list[float]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        if metadata is None:
+            metadata = [{} for _ in responses]
+        elif len(metadata) != len(responses):
+            raise ValueError(f"{len(metadata)} metadata entries but {len(responses)} responses")
+
+        try:
+            raw = self.function(prompts, responses, metadata)
+        except Exception as error:
+            raise RewardFunctionError(
+                self.spec, f"raised {type(error).__name__}: {error}"
+            ) from error
+        return self._validated(raw, expected_count=len(responses))
+
+    def _validated(self, raw: Any, expected_count: int) -> list[float]:
+        if hasattr(raw, "tolist"):  # numpy arrays and torch tensors
+            raw = raw.tolist()
+        if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
+            raise RewardFunctionError(
+                self.spec, f"returned {type(raw).__name__}, expected a list of floats"
+            )
+        if len(raw) != expected_count:
+            raise RewardFunctionError(
+                self.spec, f"returned {len(raw)} rewards for {expected_count} responses"
+            )
+        rewards = []
+        for index, value in enumerate(raw):
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                raise RewardFunctionError(
+                    self.spec, f"reward {index} is {value!r}, expected a number"
+                )
+            if not math.isfinite(value):
+                raise RewardFunctionError(self.spec, f"reward {index} is {value}, not finite")
+            rewards.append(float(value))
+        return rewards
