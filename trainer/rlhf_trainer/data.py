@@ -1,0 +1,188 @@
+"""Prompt datasets and a seeded, resumable batch iterator.
+
+Prompts come from a JSON-lines file or from a synthetic task (``synthetic:<name>``, see
+:mod:`rlhf_trainer.tasks`). :class:`PromptIterator` walks them epoch by epoch in an order that
+depends only on ``(seed, epoch)``, and its :class:`DataPosition` round-trips through JSON, so a
+run resumed from a checkpoint sees exactly the prompts the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlhf_trainer.tasks import get_task
+
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One prompt as token ids, with the rest of its record (passed to the reward function)."""
+
+    prompt: list[int]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Tokenizer(Protocol):
+    """Anything that turns text into token ids; a Hugging Face tokenizer qualifies."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+def load_jsonl_prompts(
+    path: Path, prompt_field: str = "prompt", tokenizer: Tokenizer | None = None
+) -> list[PromptItem]:
+    """Read one JSON object per line; ``prompt_field`` holds the prompt.
+
+    The prompt is a list of token ids, or a string when a ``tokenizer`` is given. Every other
+    field of the record becomes the item's metadata. Blank lines are skipped; anything else
+    malformed raises ``ValueError`` naming the file and line.
+    """
+    items = []
+    with Path(path).open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON: {error}") from error
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object")
+            if prompt_field not in record:
+                raise ValueError(f"{where}: no {prompt_field!r} field")
+            metadata = {key: value for key, value in record.items() if key != prompt_field}
+            prompt = _prompt_token_ids(record[prompt_field], tokenizer, where)
+            items.append(PromptItem(prompt=prompt, metadata=metadata))
+    return items
+
+
+def _prompt_token_ids(value: Any, tokenizer: Tokenizer | None, where: str) -> list[int]:
+    if isinstance(value, str):
+        if tokenizer is None:
+            raise ValueError(f"{where}: prompt is text, but no tokenizer was given")
+        token_ids = list(tokenizer.encode(value))
+    elif isinstance(value, list) and all(
+        isinstance(token, int) and not isinstance(token, bool) for token in value
+    ):
+        token_ids = value
+    else:
+        raise ValueError(f"{where}: prompt must be a list of token ids or a string")
+    if not token_ids:
+        raise ValueError(f"{where}: prompt is empty")
+    return token_ids
+
+
+def synthetic_prompts(task_name: str, count: int, seed: int) -> list[PromptItem]:
+    """``count`` prompts of the synthetic task ``task_name``, with ``{"task": name}`` metadata."""
+    task = get_task(task_name)
+    return [
+        PromptItem(prompt=prompt, metadata={"task": task_name})
+        for prompt in task.make_prompts(count, seed)
+    ]
+
+
+def load_prompts(
+    source: str,
+    prompt_field: str = "prompt",
+    tokenizer: Tokenizer | None = None,
+    synthetic_count: int = 1024,
+    seed: int = 0,
+) -> list[PromptItem]:
+    """Prompts from ``"synthetic:<task>"`` (``synthetic_count`` of them) or a JSON-lines path."""
+    if source.startswith(SYNTHETIC_PREFIX):
+        return synthetic_prompts(source.removeprefix(SYNTHETIC_PREFIX), synthetic_count, seed)
+    return load_jsonl_prompts(Path(source), prompt_field, tokenizer)
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where the iterator stands: the next prompt served is ``order(epoch)[index]``."""
+
+    epoch: int = 0
+    index: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DataPosition:
+        """Inverse of :meth:`to_json`; raises ``ValueError`` on anything else."""
+        try:
+            epoch, index = data["epoch"], data["index"]
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"not a data position: {data!r}") from error
+        if not all(_is_count(value) for value in (epoch, index)):
+            raise ValueError(f"not a data position: {data!r}")
+        return cls(epoch=epoch, index=index)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class PromptIterator:
+    """Serves fixed-size batches of prompts forever, reshuffling each epoch.
+
+    Batches are always ``batch_size`` long: a batch that reaches the end of an epoch continues
+    with the start of the next epoch's order. The order of epoch ``e`` is a permutation that
+    depends only on ``(seed, e)`` (or the file order when ``shuffle`` is off).
+    """
+
+    def __init__(
+        self,
+        items: Sequence[PromptItem],
+        seed: int,
+        position: DataPosition | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        if not items:
+            raise ValueError("the prompt dataset is empty")
+        self.items = items
+        self.seed = seed
+        self.shuffle = shuffle
+        position = position or DataPosition()
+        if position.index > len(items):
+            raise ValueError(
+                f"data position {position.to_json()} is past the end of a dataset of "
+                f"{len(items)} prompts; was the dataset changed since the checkpoint?"
+            )
+        self._epoch = position.epoch
+        self._index = position.index
+        self._order = self.epoch_order(self._epoch)
+        self._wrap_if_at_end()
+
+    @property
+    def position(self) -> DataPosition:
+        """The position to store in a checkpoint to resume right after the last batch served."""
+        return DataPosition(epoch=self._epoch, index=self._index)
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Indices into ``items`` in the order epoch ``epoch`` serves them."""
+        order = list(range(len(self.items)))
+        if self.shuffle:
+            random.Random(f"rlhf-data:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self, batch_size: int) -> list[PromptItem]:
+        """The next ``batch_size`` prompts, advancing the position."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch: list[PromptItem] = []
+        while len(batch) < batch_size:
+            batch.append(self.items[self._order[self._index]])
+            self._index += 1
+            self._wrap_if_at_end()
+        return batch
+
+    def _wrap_if_at_end(self) -> None:
+        if self._index == len(self.items):
+            self._epoch += 1
+            self._index = 0
+            self._order = self.epoch_order(self._epoch)
