@@ -1,0 +1,349 @@
+"""Trainer metrics: Prometheus ``rlhf_trainer_*`` series plus a JSON-lines log of every step.
+
+Every metric name is a constant below; dashboards, alerts and tests refer to these, never to
+string literals of their own. Names follow Prometheus conventions (design decision 11): base
+units, counters end in ``_total``, durations are ``_seconds`` histograms.
+
+Each :class:`TrainerMetrics` owns its own ``CollectorRegistry`` instead of the process-global
+one, so several instances (tests, or a driver restarted in-process) never collide. Serve it with
+:func:`serve_metrics`.
+
+Typical use in the driver::
+
+    metrics = TrainerMetrics(jsonl_path=run_dir / "metrics.jsonl")
+    server = serve_metrics(metrics.registry, port=9400)
+    with metrics.time_phase(PHASE_GENERATE):
+        ...
+    metrics.record_generation(num_tokens, seconds)
+    metrics.end_step(step, reward_mean=..., reward_std=..., kl=..., policy_loss=...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Metric names: the single source of truth.
+STEP = "rlhf_trainer_step"
+STEP_DURATION_SECONDS = "rlhf_trainer_step_duration_seconds"
+PHASE_DURATION_SECONDS = "rlhf_trainer_phase_duration_seconds"
+GENERATED_TOKENS_PER_SECOND = "rlhf_trainer_generated_tokens_per_second"
+GENERATED_TOKENS_TOTAL = "rlhf_trainer_generated_tokens_total"
+WEIGHT_SYNC_DURATION_SECONDS = "rlhf_trainer_weight_sync_duration_seconds"
+WEIGHT_SYNC_BYTES_TOTAL = "rlhf_trainer_weight_sync_bytes_total"
+REWARD_MEAN = "rlhf_trainer_reward_mean"
+REWARD_STD = "rlhf_trainer_reward_std"
+KL = "rlhf_trainer_kl"
+POLICY_LOSS = "rlhf_trainer_policy_loss"
+VALUE_LOSS = "rlhf_trainer_value_loss"
+POLICY_VERSION_LAG = "rlhf_trainer_policy_version_lag"
+CHECKPOINTS_TOTAL = "rlhf_trainer_checkpoints_total"
+
+METRIC_NAMES = (
+    STEP,
+    STEP_DURATION_SECONDS,
+    PHASE_DURATION_SECONDS,
+    GENERATED_TOKENS_PER_SECOND,
+    GENERATED_TOKENS_TOTAL,
+    WEIGHT_SYNC_DURATION_SECONDS,
+    WEIGHT_SYNC_BYTES_TOTAL,
+    REWARD_MEAN,
+    REWARD_STD,
+    KL,
+    POLICY_LOSS,
+    VALUE_LOSS,
+    POLICY_VERSION_LAG,
+    CHECKPOINTS_TOTAL,
+)
+
+PHASE_LABEL = "phase"
+PHASE_GENERATE = "generate"
+PHASE_REWARD = "reward"
+PHASE_REFERENCE = "reference"
+PHASE_ADVANTAGE = "advantage"
+PHASE_UPDATE = "update"
+PHASE_SYNC = "sync"
+PHASE_CHECKPOINT = "checkpoint"
+PHASES = (
+    PHASE_GENERATE,
+    PHASE_REWARD,
+    PHASE_REFERENCE,
+    PHASE_ADVANTAGE,
+    PHASE_UPDATE,
+    PHASE_SYNC,
+    PHASE_CHECKPOINT,
+)
+
+# From tiny CPU steps (milliseconds) to large GPU generations (tens of minutes).
+DURATION_BUCKETS_SECONDS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600
+)  # fmt: skip
+
+
+_STANDARD_RECORD_KEYS = frozenset(
+    {
+        "step",
+        "time",
+        "step_seconds",
+        "reward_mean",
+        "reward_std",
+        "kl",
+        "policy_loss",
+        "value_loss",
+        "policy_version_lag",
+        "generated_tokens_per_second",
+        "phase_seconds",
+        "generated_tokens",
+        "weight_sync_seconds",
+        "weight_sync_bytes",
+        "checkpoints",
+    }
+)
+"""Keys of every JSON-lines record (see :meth:`TrainerMetrics.end_step`)."""
+
+
+def _counter_base(name: str) -> str:
+    """prometheus_client appends ``_total`` to counters itself."""
+    return name.removesuffix("_total")
+
+
+class TrainerMetrics:
+    """All trainer metrics for one run, plus the per-step JSON-lines record.
+
+    Durations and counts reported during a step (phases, generation, weight sync, checkpoints)
+    are accumulated and written, with the step's scalars, as one JSON object per line by
+    :meth:`end_step`. A resumed run appends to the same file, so a step may appear twice; the
+    later line wins.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        jsonl_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.jsonl_path = Path(jsonl_path) if jsonl_path is not None else None
+        if self.jsonl_path is not None:
+            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+
+        registry = self.registry
+        self.step = Gauge(STEP, "Last completed training step.", registry=registry)
+        self.step_duration = Histogram(
+            STEP_DURATION_SECONDS,
+            "Wall time of one training step.",
+            buckets=DURATION_BUCKETS_SECONDS,
+            registry=registry,
+        )
+        self.phase_duration = Histogram(
+            PHASE_DURATION_SECONDS,
+            "Wall time of one phase of a training step.",
+            [PHASE_LABEL],
+            buckets=DURATION_BUCKETS_SECONDS,
+            registry=registry,
+        )
+        self.generated_tokens_per_second = Gauge(
+            GENERATED_TOKENS_PER_SECOND,
+            "Generation throughput of the last rollout, in tokens per second.",
+            registry=registry,
+        )
+        self.generated_tokens = Counter(
+            _counter_base(GENERATED_TOKENS_TOTAL),
+            "Tokens generated by rollouts.",
+            registry=registry,
+        )
+        self.weight_sync_duration = Histogram(
+            WEIGHT_SYNC_DURATION_SECONDS,
+            "Wall time of one trainer-to-rollout weight sync.",
+            buckets=DURATION_BUCKETS_SECONDS,
+            registry=registry,
+        )
+        self.weight_sync_bytes = Counter(
+            _counter_base(WEIGHT_SYNC_BYTES_TOTAL),
+            "Bytes broadcast by weight syncs.",
+            registry=registry,
+        )
+        self.reward_mean = Gauge(REWARD_MEAN, "Mean reward of the last step.", registry=registry)
+        self.reward_std = Gauge(
+            REWARD_STD, "Standard deviation of rewards in the last step.", registry=registry
+        )
+        self.kl = Gauge(KL, "Mean KL(policy || reference) in the last step.", registry=registry)
+        self.policy_loss = Gauge(POLICY_LOSS, "Policy loss of the last step.", registry=registry)
+        self.value_loss = Gauge(
+            VALUE_LOSS, "Critic loss of the last step (PPO only).", registry=registry
+        )
+        self.policy_version_lag = Gauge(
+            POLICY_VERSION_LAG,
+            "Policy versions between the trainer and the weights that generated the samples.",
+            registry=registry,
+        )
+        self.checkpoints = Counter(
+            _counter_base(CHECKPOINTS_TOTAL), "Checkpoints completed.", registry=registry
+        )
+        for phase in PHASES:  # expose every phase from the start, so dashboards see zeros
+            self.phase_duration.labels(phase)
+
+        self._step_started_at = self._clock()
+        self._pending = self._empty_step_record()
+
+    @staticmethod
+    def _empty_step_record() -> dict[str, Any]:
+        return {
+            "phase_seconds": {},
+            "generated_tokens": 0,
+            "generation_seconds": 0.0,
+            "weight_sync_seconds": 0.0,
+            "weight_sync_bytes": 0,
+            "checkpoints": 0,
+        }
+
+    def begin_step(self) -> None:
+        """Mark the start of a step (otherwise a step is timed from the previous ``end_step``)."""
+        with self._lock:
+            self._step_started_at = self._clock()
+
+    def observe_phase(self, phase: str, seconds: float) -> None:
+        """Record that ``phase`` (one of :data:`PHASES`) took ``seconds`` in this step."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+        self.phase_duration.labels(phase).observe(seconds)
+        with self._lock:
+            phases = self._pending["phase_seconds"]
+            phases[phase] = phases.get(phase, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def time_phase(self, phase: str) -> Iterator[None]:
+        """Time the block as ``phase`` (also when it raises: a failed phase still took time)."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+        started = self._clock()
+        try:
+            yield
+        finally:
+            self.observe_phase(phase, self._clock() - started)
+
+    def record_generation(self, num_tokens: int, seconds: float) -> None:
+        """A rollout produced ``num_tokens`` new tokens in ``seconds`` of wall time."""
+        self.generated_tokens.inc(num_tokens)
+        if seconds > 0:
+            self.generated_tokens_per_second.set(num_tokens / seconds)
+        with self._lock:
+            self._pending["generated_tokens"] += num_tokens
+            self._pending["generation_seconds"] += seconds
+
+    def record_weight_sync(self, seconds: float, num_bytes: int) -> None:
+        """A weight sync broadcast ``num_bytes`` in ``seconds``."""
+        self.weight_sync_duration.observe(seconds)
+        self.weight_sync_bytes.inc(num_bytes)
+        with self._lock:
+            self._pending["weight_sync_seconds"] += seconds
+            self._pending["weight_sync_bytes"] += num_bytes
+
+    def record_checkpoint(self) -> None:
+        """A checkpoint completed."""
+        self.checkpoints.inc()
+        with self._lock:
+            self._pending["checkpoints"] += 1
+
+    def end_step(
+        self,
+        step: int,
+        *,
+        reward_mean: float,
+        reward_std: float,
+        kl: float | None = None,
+        policy_loss: float | None = None,
+        value_loss: float | None = None,
+        policy_version_lag: int = 0,
+        extra: Mapping[str, float] | None = None,
+    ) -> dict[str, Any]:
+        """Publish the step's scalars and append its JSON line. Returns the record written.
+
+        ``None`` leaves a gauge at its previous value and writes ``null`` to the log. ``extra``
+        holds further numbers for the log only (entropy, clip fraction, learning rate, ...);
+        its keys must not shadow the standard ones.
+        """
+        clashes = sorted(set(extra or {}) & _STANDARD_RECORD_KEYS)
+        if clashes:
+            raise ValueError(f"extra metrics shadow standard fields: {clashes}")
+        now = self._clock()
+        with self._lock:
+            step_seconds = now - self._step_started_at
+            self._step_started_at = now
+            pending, self._pending = self._pending, self._empty_step_record()
+
+        self.step.set(step)
+        self.step_duration.observe(step_seconds)
+        self.reward_mean.set(reward_mean)
+        self.reward_std.set(reward_std)
+        self.policy_version_lag.set(policy_version_lag)
+        for gauge, value in (
+            (self.kl, kl),
+            (self.policy_loss, policy_loss),
+            (self.value_loss, value_loss),
+        ):
+            if value is not None:
+                gauge.set(value)
+
+        generation_seconds = pending.pop("generation_seconds")
+        tokens_per_second = (
+            pending["generated_tokens"] / generation_seconds if generation_seconds > 0 else None
+        )
+        record: dict[str, Any] = {
+            "step": step,
+            "time": time.time(),
+            "step_seconds": step_seconds,
+            "reward_mean": reward_mean,
+            "reward_std": reward_std,
+            "kl": kl,
+            "policy_loss": policy_loss,
+            "value_loss": value_loss,
+            "policy_version_lag": policy_version_lag,
+            "generated_tokens_per_second": tokens_per_second,
+            **pending,
+            **dict(extra or {}),
+        }
+        if self.jsonl_path is not None:
+            # Opened per line: nothing to close, and every finished step is on disk.
+            with self.jsonl_path.open("a", encoding="utf-8") as log:
+                log.write(json.dumps(record) + "\n")
+        return record
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` HTTP endpoint."""
+
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def serve_metrics(
+    registry: CollectorRegistry, port: int, address: str = "0.0.0.0"
+) -> MetricsServer:
+    """Serve ``registry`` for Prometheus on ``address:port`` from a daemon thread.
+
+    ``port=0`` picks a free port (see :attr:`MetricsServer.port`).
+    """
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    return MetricsServer(server=server, thread=thread)
