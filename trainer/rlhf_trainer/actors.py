@@ -1,0 +1,475 @@
+"""ZeRO-3 training ranks as Ray actors: the policy, the critic and the frozen reference.
+
+Each role's ranks form one torch.distributed group (gloo on the CPU, NCCL on GPUs): the driver
+starts one actor per rank with the role's Ray custom resource (so Ray places it on that role's
+node pool), asks rank 0 for a rendezvous address and hands it to every rank. Each rank then wraps
+its model in a DeepSpeed ZeRO-3 engine, which shards parameters, gradients and optimizer state
+across the group.
+
+The driver sends every rank the *whole* batch (one object in Ray's store) and each rank takes its
+own shard (`ShardPlan`), so ranks always run the same number of micro-batches, as ZeRO-3's
+collective parameter gathers require. Per-rank results come back in rank order and the driver
+reassembles them with `ShardPlan.unshard`.
+
+`WorkerGroup` is the driver's handle on one role's ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rlhf_trainer import algorithms as alg
+from rlhf_trainer import checkpoint as ckpt
+from rlhf_trainer.batch import Batch, ShardPlan
+from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
+from rlhf_trainer.zero import deepspeed_config, lr_multiplier
+from rlhfjob.api import RLHFJobSpec, RoleSpec, actor_slots, ray_resource
+
+logger = logging.getLogger(__name__)
+
+DIST_TIMEOUT = timedelta(minutes=10)
+"""How long a collective may wait for a peer before the group fails (a dead rank, not a hang)."""
+DEEPSPEED_TAG = "zero"
+"""Tag of the one DeepSpeed checkpoint each role writes into its checkpoint sub-directory."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the rendezvous of a new process group)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def rollout_rows(spec: RLHFJobSpec) -> int:
+    """Sequences per training step: prompts x samples per prompt (one sample each for PPO)."""
+    samples = spec.algorithm.group_size if spec.algorithm.name == "grpo" else 1
+    return spec.algorithm.prompts_per_step * samples
+
+
+def total_steps(spec: RLHFJobSpec, dataset_size: int | None = None) -> int:
+    """Training steps: `totalSteps`, or `epochs` passes over a dataset of `dataset_size` prompts."""
+    algorithm = spec.algorithm
+    if algorithm.total_steps is not None:
+        return algorithm.total_steps
+    if dataset_size is None:
+        raise ValueError("algorithm.epochs needs a dataset of known size")
+    return max(1, algorithm.epochs or 1) * max(1, dataset_size // algorithm.prompts_per_step)
+
+
+class ZeroWorker:
+    """One rank of a ZeRO-3 group. Subclasses build their engines in `_build`."""
+
+    def __init__(self, spec_json: str, rank: int, world_size: int) -> None:
+        self.spec = RLHFJobSpec.model_validate_json(spec_json)
+        self.rank = rank
+        self.world_size = world_size
+        self.on_gpu = torch.cuda.is_available()
+        if not self.on_gpu:
+            torch.set_num_threads(1)  # actors share a few cores; oversubscription slows all
+        self.dtype = training_dtype(self.spec.model, self.on_gpu)
+        self.plan = ShardPlan(
+            rollout_rows(self.spec), world_size, self.spec.algorithm.micro_batch_size
+        )
+        self.seed = self.spec.algorithm.seed
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0's address and a free port for the group's TCP store."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int, total_optimizer_steps: int) -> None:
+        """Join the process group and build the DeepSpeed engines (blocks until all ranks join)."""
+        import deepspeed
+
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",  # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
+        )
+        if self.on_gpu:
+            torch.cuda.set_device(0)
+        deepspeed.init_distributed(
+            dist_backend="nccl" if self.on_gpu else "gloo",
+            auto_mpi_discovery=False,
+            timeout=DIST_TIMEOUT,
+            verbose=False,
+        )
+        self._build(total_optimizer_steps)
+
+    def _build(self, total_optimizer_steps: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
+
+    def _config(self, train: bool) -> dict[str, Any]:
+        return deepspeed_config(
+            self.spec.algorithm,
+            accumulation_steps=self.plan.accumulation_steps,
+            bf16=self.dtype == torch.bfloat16,
+            on_gpu=self.on_gpu,
+            train=train,
+        )
+
+    def _training_engine(
+        self, model: nn.Module, learning_rate: float, total_optimizer_steps: int
+    ) -> Any:
+        import deepspeed
+
+        algorithm = self.spec.algorithm
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lr_multiplier(algorithm.lr_schedule, algorithm.warmup_steps, total_optimizer_steps),
+        )
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=schedule, config=self._config(True)
+        )
+        return engine
+
+    def _inference_engine(self, model: nn.Module) -> Any:
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=model, config=self._config(False))
+        engine.eval()
+        return engine
+
+    def _shard(self, batch: Batch) -> Batch:
+        return self.plan.shard(batch, self.rank).to(self.device)
+
+    def _global_means(self, sums: dict[str, float], weight: float) -> dict[str, float]:
+        """Weighted sums from every rank turned into group-wide means (same on every rank)."""
+        names = sorted(sums)
+        totals = torch.tensor([*(sums[name] for name in names), weight], dtype=torch.float64)
+        totals = totals.to(self.device)
+        dist.all_reduce(totals)
+        totals = totals.cpu()
+        count = max(float(totals[-1]), 1.0)
+        return {name: float(totals[i]) / count for i, name in enumerate(names)}
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _save_engine(self, engine: Any, directory: Path) -> None:
+        engine.save_checkpoint(str(directory), tag=DEEPSPEED_TAG)
+        ckpt.save_rng_state(ckpt.capture_rng_state(), directory / f"rng-rank{self.rank}.pt")
+
+    def _load_engine(self, engine: Any, directory: Path) -> None:
+        load_path, _ = engine.load_checkpoint(
+            str(directory),
+            tag=DEEPSPEED_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if load_path is None:
+            raise ckpt.CheckpointError(f"{directory}: no DeepSpeed checkpoint {DEEPSPEED_TAG!r}")
+        rng_file = directory / f"rng-rank{self.rank}.pt"
+        if rng_file.is_file():
+            ckpt.restore_rng_state(ckpt.load_rng_state(rng_file))
+
+
+def _sequence_logprobs(
+    engine: Any, batch: Batch, micro_batch_size: int, temperature: float
+) -> Tensor:
+    """Log-probs of every next token of every row, ``[rows, L - 1]``, without gradients."""
+    parts = []
+    with torch.no_grad():
+        for micro in batch.micro_batches(micro_batch_size):
+            logits = engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+            parts.append(
+                alg.logprobs_from_logits(logits[:, :-1], micro.input_ids[:, 1:], temperature)
+            )
+    return torch.cat(parts).cpu()
+
+
+def gathered_parameters(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """Every parameter at full size, gathering one module's own parameters at a time.
+
+    All ranks must iterate in step (each gather is a collective); every rank sees the full
+    tensors, valid only until the next item is requested. A tied parameter is yielded once,
+    under its first name (as `named_parameters` reports it).
+    """
+    import deepspeed
+
+    names = {id(param): name for name, param in module.named_parameters()}
+    seen: set[int] = set()
+    for submodule in module.modules():
+        own = [p for p in submodule.parameters(recurse=False) if id(p) not in seen]
+        if not own:
+            continue
+        seen.update(id(p) for p in own)
+        with deepspeed.zero.GatheredParameters(own):
+            for param in own:
+                yield names[id(param)], param.data
+
+
+class PolicyWorker(ZeroWorker):
+    """A policy rank: log-probs, the clipped-surrogate update, weights for sync, checkpoints.
+
+    When the job has no reference role, the policy ranks also hold the frozen reference (a
+    second, optimizer-less ZeRO-3 engine over the same group).
+    """
+
+    def _build(self, total_optimizer_steps: int) -> None:
+        model = build_causal_lm(self.spec.model, self.seed, self.dtype)
+        self.engine = self._training_engine(
+            model, self.spec.algorithm.policy_learning_rate, total_optimizer_steps
+        )
+        self.reference = None
+        if self.spec.roles.reference is None and self.spec.algorithm.kl_coef > 0:
+            ref = build_reference(self.spec.model, self.seed, self.dtype)
+            self.reference = self._inference_engine(ref)
+
+    def logprobs(self, batch: Batch) -> Tensor:
+        """Current-policy log-probs of this rank's shard (for the old log-probs of a rollout)."""
+        self.engine.eval()
+        return _sequence_logprobs(
+            self.engine,
+            self._shard(batch),
+            self.spec.algorithm.micro_batch_size,
+            self.spec.algorithm.temperature,
+        )
+
+    def reference_logprobs(self, batch: Batch) -> Tensor:
+        if self.reference is None:
+            raise RuntimeError("this job has no reference model on the trainer (klCoef is 0)")
+        return _sequence_logprobs(
+            self.reference,
+            self._shard(batch),
+            self.spec.algorithm.micro_batch_size,
+            self.spec.algorithm.temperature,
+        )
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        """`updateEpochs` optimizer steps on the batch; returns group-wide mean metrics.
+
+        Needs fields ``old_logprobs`` and ``advantages`` (and ``ref_logprobs`` for a KL loss).
+        Each micro-batch's loss is scaled so that the accumulated, rank-averaged gradient is
+        that of a token-level mean over the *whole* batch, however rows fall into shards.
+        """
+        algorithm = self.spec.algorithm
+        shard = self._shard(batch)
+        total_tokens = batch.num_action_tokens
+        kl_in_loss = algorithm.kl_mode == "loss" and algorithm.kl_coef > 0
+        scale = self.world_size * self.plan.accumulation_steps / max(total_tokens, 1)
+
+        self.engine.train()
+        sums: dict[str, float] = {}
+        grad_norms = []
+        for _epoch in range(algorithm.update_epochs):
+            for micro in shard.micro_batches(algorithm.micro_batch_size):
+                tokens = float(micro.action_mask.sum())
+                logits = self.engine(
+                    input_ids=micro.input_ids, attention_mask=micro.attention_mask
+                ).logits[:, :-1]
+                logprobs = alg.logprobs_from_logits(
+                    logits, micro.input_ids[:, 1:], algorithm.temperature
+                )
+                mask = micro.action_mask
+                policy = alg.clipped_policy_loss(
+                    logprobs,
+                    micro.fields["old_logprobs"],
+                    micro.fields["advantages"],
+                    mask,
+                    clip_range=algorithm.clip_range,
+                )
+                loss = policy.loss
+                terms = {
+                    "policy_loss": policy.loss,
+                    "clip_fraction": policy.clip_fraction,
+                    "approx_kl": policy.approx_kl,
+                }
+                if kl_in_loss:
+                    kl = alg.kl_loss(
+                        logprobs, micro.fields["ref_logprobs"], mask, algorithm.kl_estimator
+                    )
+                    loss = loss + algorithm.kl_coef * kl
+                    terms["kl_loss"] = kl
+                entropy = alg.masked_entropy(logits, mask)
+                if algorithm.entropy_coef > 0:
+                    loss = loss - algorithm.entropy_coef * entropy
+                terms["entropy"] = entropy
+                self.engine.backward(loss * tokens * scale)
+                self.engine.step()
+                for name, value in terms.items():
+                    sums[name] = sums.get(name, 0.0) + float(value.detach()) * tokens
+            grad_norms.append(float(self.engine.get_global_grad_norm() or 0.0))
+        tokens_seen = float(shard.num_action_tokens * algorithm.update_epochs)
+        metrics = self._global_means(sums, tokens_seen)
+        metrics["grad_norm"] = grad_norms[-1]
+        metrics["learning_rate"] = float(self.engine.get_lr()[0])
+        return metrics
+
+    def local_parameter_count(self) -> int:
+        """Parameter elements this rank stores: its ZeRO-3 shard, not the whole model."""
+        return sum(param.ds_tensor.numel() for param in self.engine.module.parameters())
+
+    def parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
+        """Full parameters one module at a time (every rank must drain this in step)."""
+        return gathered_parameters(self.engine.module)
+
+    def state_dict(self) -> dict[str, Tensor] | None:
+        """All full parameters, copied, on rank 0 (None on the others). Every rank must call it."""
+        gathered = {}
+        for name, tensor in self.parameters_for_sync():
+            if self.rank == 0:
+                gathered[name] = tensor.detach().to("cpu", copy=True)
+        return gathered if self.rank == 0 else None
+
+    def save(self, directory: str) -> None:
+        self._save_engine(self.engine, Path(directory) / "policy")
+
+    def load(self, directory: str) -> None:
+        self._load_engine(self.engine, Path(directory) / "policy")
+
+
+class ReferenceWorker(ZeroWorker):
+    """A rank of the reference role: the frozen initial policy, sharded with ZeRO-3."""
+
+    def _build(self, total_optimizer_steps: int) -> None:
+        del total_optimizer_steps
+        self.reference = self._inference_engine(
+            build_reference(self.spec.model, self.seed, self.dtype)
+        )
+
+    def reference_logprobs(self, batch: Batch) -> Tensor:
+        return _sequence_logprobs(
+            self.reference,
+            self._shard(batch),
+            self.spec.algorithm.micro_batch_size,
+            self.spec.algorithm.temperature,
+        )
+
+    def save(self, directory: str) -> None:
+        """Nothing to save: the reference never changes."""
+
+    def load(self, directory: str) -> None:
+        """Nothing to load: the reference is rebuilt from the spec."""
+
+
+class CriticWorker(ZeroWorker):
+    """A critic rank (PPO): per-token values and the clipped value-regression update."""
+
+    def _build(self, total_optimizer_steps: int) -> None:
+        model = build_critic(self.spec.model, self.seed, self.dtype)
+        self.engine = self._training_engine(
+            model, self.spec.algorithm.critic_learning_rate, total_optimizer_steps
+        )
+
+    def values(self, batch: Batch) -> Tensor:
+        """Value estimates on the next-token grid, ``[rows, L - 1]`` for this rank's shard."""
+        self.engine.eval()
+        parts = []
+        with torch.no_grad():
+            for micro in self._shard(batch).micro_batches(self.spec.algorithm.micro_batch_size):
+                values = self.engine(micro.input_ids, micro.attention_mask)
+                parts.append(values[:, :-1])
+        return torch.cat(parts).cpu()
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        """`updateEpochs` steps regressing values on ``returns`` (fields ``old_values``, ...)."""
+        algorithm = self.spec.algorithm
+        shard = self._shard(batch)
+        scale = self.world_size * self.plan.accumulation_steps / max(batch.num_action_tokens, 1)
+        self.engine.train()
+        sums: dict[str, float] = {}
+        for _epoch in range(algorithm.update_epochs):
+            for micro in shard.micro_batches(algorithm.micro_batch_size):
+                tokens = float(micro.action_mask.sum())
+                values = self.engine(micro.input_ids, micro.attention_mask)[:, :-1]
+                result = alg.value_loss(
+                    values,
+                    micro.fields["old_values"],
+                    micro.fields["returns"],
+                    micro.action_mask,
+                    clip_range=algorithm.value_clip_range,
+                )
+                self.engine.backward(result.loss * tokens * scale)
+                self.engine.step()
+                sums["value_loss"] = sums.get("value_loss", 0.0) + float(result.loss) * tokens
+                sums["value_clip_fraction"] = (
+                    sums.get("value_clip_fraction", 0.0) + float(result.clip_fraction) * tokens
+                )
+        return self._global_means(sums, float(shard.num_action_tokens * algorithm.update_epochs))
+
+    def save(self, directory: str) -> None:
+        self._save_engine(self.engine, Path(directory) / "critic")
+
+    def load(self, directory: str) -> None:
+        self._load_engine(self.engine, Path(directory) / "critic")
+
+
+class WorkerGroup:
+    """The driver's handle on one role's ranks: start them, call them all, gather results.
+
+    Each rank is a Ray actor that requests one unit of the role's custom resource (and one GPU
+    when the role has GPUs), so it lands on the role's node pool.
+    """
+
+    def __init__(
+        self,
+        worker_class: type[ZeroWorker],
+        spec: RLHFJobSpec,
+        role: str,
+        role_spec: RoleSpec,
+        total_optimizer_steps: int,
+        setup_timeout_s: float = 600.0,
+    ) -> None:
+        import ray
+
+        self.role = role
+        self.world_size = role_spec.replicas * actor_slots(role_spec)
+        self.plan = ShardPlan(rollout_rows(spec), self.world_size, spec.algorithm.micro_batch_size)
+        on_gpu = role_spec.gpus > 0
+        actor_class = ray.remote(worker_class).options(
+            num_cpus=0 if not on_gpu else 1,
+            num_gpus=1 if on_gpu else 0,
+            resources={ray_resource(role): 1},
+            max_restarts=0,
+        )
+        spec_json = spec.model_dump_json(by_alias=True)
+        self.actors: list[Any] = [
+            actor_class.remote(spec_json, rank, self.world_size) for rank in range(self.world_size)
+        ]
+        address, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=setup_timeout_s)
+        self.wait(
+            [a.setup.remote(address, port, total_optimizer_steps) for a in self.actors],
+            timeout=setup_timeout_s,
+        )
+
+    def submit(self, method: str, *args: Any) -> list[Any]:
+        """Start `method(*args)` on every rank; returns the Ray object refs in rank order."""
+        return [getattr(actor, method).remote(*args) for actor in self.actors]
+
+    @staticmethod
+    def wait(refs: list[Any], timeout: float | None = None) -> list[Any]:
+        import ray
+
+        return list(ray.get(refs, timeout=timeout))
+
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        """`method(*args)` on every rank; the results in rank order."""
+        return self.wait(self.submit(method, *args), timeout=timeout)
+
+    def call_sharded(self, method: str, batch_ref: Any, timeout: float | None = None) -> Tensor:
+        """A per-row result computed shard by shard, reassembled in batch order."""
+        return self.plan.unshard(self.call(method, batch_ref, timeout=timeout))
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)

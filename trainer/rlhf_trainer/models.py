@@ -1,0 +1,97 @@
+"""Building the policy, reference and critic networks from `spec.model`.
+
+Every role starts from the same recipe: a Hugging Face causal LM loaded from `spec.model.policy`
+(a local path) or built from the config dict `spec.model.randomInit` with weights drawn from a
+seeded generator, so every trainer rank, the reference and the critic start from identical
+weights. The critic is the policy's transformer backbone with a fresh scalar value head.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from rlhfjob.api import ModelSpec
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def training_dtype(spec: ModelSpec, on_gpu: bool) -> torch.dtype:
+    """The dtype weights and activations use: `spec.dtype` on GPUs, float32 on the CPU."""
+    return _DTYPES[spec.dtype] if on_gpu else torch.float32
+
+
+def model_config(spec: ModelSpec) -> Any:
+    """The Hugging Face config of the policy (from `randomInit` or the policy's directory)."""
+    from transformers import AutoConfig
+
+    if spec.random_init is not None:
+        fields = dict(spec.random_init)
+        model_type = fields.pop("model_type", None)
+        if not model_type:
+            raise ValueError("spec.model.randomInit needs model_type (for example qwen2)")
+        return AutoConfig.for_model(model_type, **fields)
+    assert spec.policy is not None  # the API requires exactly one of policy and randomInit
+    return AutoConfig.from_pretrained(spec.policy)
+
+
+def build_causal_lm(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The policy network: pretrained weights, or random ones that depend only on `seed`."""
+    from transformers import AutoModelForCausalLM
+
+    if spec.random_init is None:
+        assert spec.policy is not None
+        return AutoModelForCausalLM.from_pretrained(spec.policy, dtype=dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(model_config(spec))
+    return model.to(dtype)
+
+
+def build_reference(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The frozen reference: `spec.model.reference`, else the policy's initial weights."""
+    from transformers import AutoModelForCausalLM
+
+    model: nn.Module
+    if spec.reference is not None:
+        model = AutoModelForCausalLM.from_pretrained(spec.reference, dtype=dtype)
+    else:
+        model = build_causal_lm(spec, seed, dtype)
+    model.requires_grad_(False)
+    return model
+
+
+class CriticModel(nn.Module):
+    """A causal LM backbone with a linear value head: one value estimate per token position.
+
+    The head starts at zero, so the first values are 0 and early GAE advantages equal the
+    returns rather than noise from a random head.
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
+        return self.value_head(hidden.last_hidden_state).squeeze(-1).float()
+
+
+def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> CriticModel:
+    """The critic: the policy's backbone (or `spec.model.critic`'s) plus a fresh value head."""
+    from transformers import AutoModel
+
+    source = spec.critic or spec.policy
+    if source is not None:
+        backbone = AutoModel.from_pretrained(source, dtype=dtype)
+    else:
+        # The same seed as the policy, so the backbone starts from the policy's random weights.
+        causal_lm = build_causal_lm(spec, seed, dtype)
+        backbone = cast(Any, causal_lm).get_decoder()
+    hidden_size = backbone.config.hidden_size
+    return CriticModel(backbone, hidden_size).to(dtype)

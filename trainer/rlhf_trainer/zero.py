@@ -1,0 +1,72 @@
+"""DeepSpeed ZeRO-3 settings derived from `spec.algorithm`, and the learning-rate schedule.
+
+Pure functions, so what DeepSpeed is told can be read and tested without starting it.
+
+CPU notes (the same code runs on GPUs):
+
+* DeepSpeed detects the CPU accelerator by itself when no GPU is visible; the process group then
+  uses gloo. No `DS_ACCELERATOR` variable is needed.
+* The optimizer is a client `torch.optim.AdamW` (`zero_allow_untested_optimizer`). DeepSpeed's
+  own "AdamW" compiles a C++ extension (its CPU fused Adam) on first use, which takes minutes on
+  a small machine; torch's AdamW computes the same update. On GPUs torch uses its fused kernel.
+* Parameters of any size are sharded on the CPU (`stage3_param_persistence_threshold: 0`):
+  DeepSpeed otherwise keeps tensors under 100k elements whole on every rank, which for the tiny
+  test models is all of them, and ZeRO-3's gather paths would never run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from rlhfjob.api import AlgorithmSpec
+
+
+def deepspeed_config(
+    algorithm: AlgorithmSpec,
+    *,
+    accumulation_steps: int,
+    bf16: bool,
+    on_gpu: bool,
+    train: bool = True,
+) -> dict[str, Any]:
+    """The DeepSpeed config of a ZeRO-3 engine (train=False for the frozen reference)."""
+    zero: dict[str, Any] = {"stage": 3}
+    if not on_gpu:
+        zero["stage3_param_persistence_threshold"] = 0
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": algorithm.micro_batch_size,
+        "gradient_accumulation_steps": accumulation_steps,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if train:
+        config["gradient_clipping"] = algorithm.max_grad_norm
+        config["zero_allow_untested_optimizer"] = True
+    return config
+
+
+def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Factor applied to the base learning rate at optimizer step `n` (for `LambdaLR`).
+
+    Linear warmup from 0 over `warmup_steps`, then constant, linearly decaying to 0, or cosine
+    decaying to 0 at `total_steps`.
+    """
+    if schedule not in ("constant", "linear", "cosine"):
+        raise ValueError(f"unknown lr schedule {schedule!r}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        if schedule == "constant":
+            return 1.0
+        decay_steps = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
