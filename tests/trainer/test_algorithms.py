@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+
 from rlhf_trainer import algorithms as alg
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from rlhf_trainer import checkpoint as ckpt
 from rlhf_trainer.checkpoint import CheckpointError, CheckpointStore
 

@@ -1,0 +1,296 @@
+"""The heartbeat renews its Lease with progress annotations, from a thread, surviving errors."""
+
+from __future__ import annotations
+
+import copy
+import re
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from kubernetes.client import ApiClient, V1Lease, V1LeaseSpec, V1ObjectMeta
+from kubernetes.client.exceptions import ApiException
+
+from rlhf_trainer import heartbeat as hb
+from rlhf_trainer.heartbeat import Heartbeat, NoopHeartbeat, make_heartbeat
+from rlhfjob import contract
+
+NAME, NAMESPACE = "job-a-heartbeat", "team-a"
+WAIT_SECONDS = 10.0
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|\+00:00)$")
+
+
+class FakeLeaseApi:
+    """Test double for ``CoordinationV1Api``: in-memory Leases with optimistic concurrency.
+
+    ``replace`` rejects a stale ``resourceVersion`` with 409 like the API server does. Tests can
+    queue exceptions for the next calls and wait for a number of successful replacements.
+    """
+
+    def __init__(self) -> None:
+        self.leases: dict[tuple[str, str], V1Lease] = {}
+        self.replacements = 0
+        self.fail_next_reads: list[Exception] = []
+        self.before_replace: list[V1Lease] = []  # concurrent writes to apply before a replace
+        self._changed = threading.Condition()
+
+    def add_lease(
+        self, annotations: dict[str, str] | None = None, holder: str | None = None
+    ) -> None:
+        self.leases[(NAMESPACE, NAME)] = V1Lease(
+            metadata=V1ObjectMeta(
+                name=NAME, namespace=NAMESPACE, resource_version="1", annotations=annotations
+            ),
+            spec=V1LeaseSpec(holder_identity=holder),
+        )
+
+    def lease(self) -> V1Lease:
+        return self.leases[(NAMESPACE, NAME)]
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> V1Lease:
+        if self.fail_next_reads:
+            raise self.fail_next_reads.pop(0)
+        if (namespace, name) not in self.leases:
+            raise ApiException(status=404, reason="Not Found")
+        return copy.deepcopy(self.leases[(namespace, name)])
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: V1Lease) -> V1Lease:
+        with self._changed:
+            if self.before_replace:
+                self._store(self.before_replace.pop(0))
+            stored = self.leases[(namespace, name)]
+            if body.metadata.resource_version != stored.metadata.resource_version:
+                raise ApiException(status=409, reason="Conflict")
+            self._store(body)
+            self.replacements += 1
+            self._changed.notify_all()
+            return copy.deepcopy(self.lease())
+
+    def _store(self, lease: V1Lease) -> None:
+        stored = copy.deepcopy(lease)
+        version = int(self.lease().metadata.resource_version) + 1
+        stored.metadata.resource_version = str(version)
+        self.leases[(NAMESPACE, NAME)] = stored
+
+    def wait_for_replacements(self, count: int) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.replacements >= count, WAIT_SECONDS)
+
+
+class FakeNow:
+    """Test double for the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2025, 3, 1, 12, 0, 0, 250000, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def api() -> FakeLeaseApi:
+    fake = FakeLeaseApi()
+    fake.add_lease()
+    return fake
+
+
+@pytest.fixture
+def now() -> FakeNow:
+    return FakeNow()
+
+
+def make(api: FakeLeaseApi, now: FakeNow, **kwargs: object) -> Heartbeat:
+    options: dict = {"holder_identity": "driver-0", "lease_duration_seconds": 45, **kwargs}
+    return Heartbeat(api, NAME, NAMESPACE, now=now, **options)
+
+
+def test_annotation_keys_are_the_shared_contract() -> None:
+    keys = {
+        hb.ANNOTATION_STEP: contract.LEASE_STEP,
+        hb.ANNOTATION_STEP_TIME: contract.LEASE_STEP_TIME,
+        hb.ANNOTATION_TOTAL_STEPS: contract.LEASE_TOTAL_STEPS,
+        hb.ANNOTATION_PHASE: contract.LEASE_PHASE,
+        hb.ANNOTATION_CHECKPOINT_STEP: contract.LEASE_CHECKPOINT_STEP,
+        hb.ANNOTATION_CHECKPOINT_PATH: contract.LEASE_CHECKPOINT_PATH,
+        hb.ANNOTATION_ATTEMPT: contract.LEASE_ATTEMPT,
+    }
+    for ours, shared in keys.items():
+        assert ours == shared
+        assert ours.startswith("rlhf.dev/")
+        assert f"``{ours}``" in (hb.__doc__ or "")  # the docstring table stays complete
+
+
+def test_renew_writes_spec_and_progress_annotations(api: FakeLeaseApi, now: FakeNow) -> None:
+    heartbeat = make(api, now, attempt=2, total_steps=100)
+    heartbeat.update(step=12, phase="update", checkpoint_step=10, checkpoint_path="/ckpt/step-10")
+    assert heartbeat.renew()
+
+    lease = api.lease()
+    assert lease.spec.holder_identity == "driver-0"
+    assert lease.spec.lease_duration_seconds == 45
+    assert lease.spec.renew_time == now.now
+    assert lease.metadata.annotations == {
+        "rlhf.dev/step": "12",
+        "rlhf.dev/step-time": "2025-03-01T12:00:00.250000Z",
+        "rlhf.dev/total-steps": "100",
+        "rlhf.dev/phase": "update",
+        "rlhf.dev/checkpoint-step": "10",
+        "rlhf.dev/checkpoint-path": "/ckpt/step-10",
+        "rlhf.dev/attempt": "2",
+    }
+    assert heartbeat.renewals == 1
+    assert heartbeat.last_error is None
+
+
+def test_nothing_reported_yet_writes_no_annotations(api: FakeLeaseApi, now: FakeNow) -> None:
+    assert make(api, now).renew()
+    assert api.lease().metadata.annotations == {}
+    assert api.lease().spec.renew_time == now.now
+
+
+def test_other_annotations_are_preserved(api: FakeLeaseApi, now: FakeNow) -> None:
+    api.add_lease(annotations={"owner": "operator", "rlhf.dev/phase": "old"})
+    heartbeat = make(api, now)
+    heartbeat.update(phase="generate")
+    heartbeat.renew()
+    assert api.lease().metadata.annotations == {"owner": "operator", "rlhf.dev/phase": "generate"}
+
+
+def test_step_time_moves_only_when_the_step_advances(api: FakeLeaseApi, now: FakeNow) -> None:
+    heartbeat = make(api, now)
+    heartbeat.update(step=1)
+    first_report = now.now
+    now.advance(30)
+    heartbeat.update(step=1, phase="generate")  # same step: still stalled since first_report
+    heartbeat.renew()
+    annotations = api.lease().metadata.annotations
+    assert annotations["rlhf.dev/step-time"] == hb.format_time(first_report)
+    assert api.lease().spec.renew_time == now.now  # while the lease itself is fresh
+
+    heartbeat.update(step=2)
+    heartbeat.renew()
+    assert api.lease().metadata.annotations["rlhf.dev/step-time"] == hb.format_time(now.now)
+
+
+def test_update_keeps_fields_left_as_none(api: FakeLeaseApi, now: FakeNow) -> None:
+    heartbeat = make(api, now)
+    heartbeat.update(step=3, checkpoint_step=2, checkpoint_path="/c/2")
+    heartbeat.update(phase="sync")
+    progress = heartbeat.progress
+    assert (progress.step, progress.phase, progress.checkpoint_step) == (3, "sync", 2)
+    assert progress.checkpoint_path == "/c/2"
+
+
+def test_a_new_holder_counts_as_a_transition(api: FakeLeaseApi, now: FakeNow) -> None:
+    api.add_lease(holder="previous-driver")
+    heartbeat = make(api, now)
+    heartbeat.renew()
+    assert api.lease().spec.holder_identity == "driver-0"
+    assert api.lease().spec.lease_transitions == 1
+    assert api.lease().spec.acquire_time == now.now
+
+    now.advance(10)
+    heartbeat.renew()  # same holder: acquisition unchanged
+    assert api.lease().spec.lease_transitions == 1
+    assert api.lease().spec.acquire_time == now.now - timedelta(seconds=10)
+
+
+def test_first_holder_is_not_a_transition(api: FakeLeaseApi, now: FakeNow) -> None:
+    make(api, now).renew()
+    assert api.lease().spec.lease_transitions == 0
+
+
+def test_a_concurrent_write_is_retried_on_conflict(api: FakeLeaseApi, now: FakeNow) -> None:
+    operator_edit = copy.deepcopy(api.lease())
+    operator_edit.metadata.annotations = {"owner": "operator"}
+    api.before_replace.append(operator_edit)
+    heartbeat = make(api, now)
+    heartbeat.update(step=5)
+
+    assert heartbeat.renew()
+    assert not api.before_replace  # the operator's write happened and caused a 409...
+    assert api.replacements == 1  # ...after which the reread-and-replace went through
+    assert api.lease().metadata.annotations == {
+        "owner": "operator",
+        "rlhf.dev/step": "5",
+        "rlhf.dev/step-time": hb.format_time(now.now),
+    }
+
+
+def test_api_errors_are_reported_not_raised(
+    api: FakeLeaseApi, now: FakeNow, caplog: pytest.LogCaptureFixture
+) -> None:
+    heartbeat = make(api, now)
+    api.fail_next_reads.append(ApiException(status=500, reason="etcd timeout"))
+    assert not heartbeat.renew()
+    assert isinstance(heartbeat.last_error, ApiException)
+    assert "etcd timeout" in caplog.text
+    assert heartbeat.renew()
+    assert heartbeat.last_error is None
+
+    missing = Heartbeat(api, "no-such-lease", NAMESPACE, now=now)
+    assert not missing.renew()
+    assert getattr(missing.last_error, "status", None) == 404
+
+
+def test_renew_time_serialises_as_micro_time_even_on_a_whole_second(
+    api: FakeLeaseApi, now: FakeNow
+) -> None:
+    now.now = now.now.replace(microsecond=0)
+    make(api, now).renew()
+    body = ApiClient().sanitize_for_serialization(api.lease())
+    assert MICRO_TIME.match(body["spec"]["renewTime"]), body["spec"]["renewTime"]
+    assert MICRO_TIME.match(body["spec"]["acquireTime"])
+
+
+def test_background_thread_keeps_renewing_through_failures(api: FakeLeaseApi, now: FakeNow) -> None:
+    heartbeat = make(api, now, interval_seconds=0.01)
+    api.fail_next_reads.extend([ApiException(status=503), ApiException(status=503)])
+    with heartbeat:
+        assert heartbeat.running
+        heartbeat.update(step=9)
+        assert api.wait_for_replacements(3)
+    assert not heartbeat.running
+    assert heartbeat.renewals >= 3
+    assert api.lease().metadata.annotations["rlhf.dev/step"] == "9"
+
+
+def test_stop_does_not_wait_for_the_interval(api: FakeLeaseApi, now: FakeNow) -> None:
+    heartbeat = make(api, now, interval_seconds=3600)
+    heartbeat.start()
+    assert api.wait_for_replacements(1)  # renews immediately on start
+    heartbeat.stop(timeout_seconds=WAIT_SECONDS)
+    assert not heartbeat.running
+    with pytest.raises(ValueError, match="interval_seconds"):
+        make(api, now, interval_seconds=0)
+
+
+def test_starting_twice_is_an_error(api: FakeLeaseApi, now: FakeNow) -> None:
+    heartbeat = make(api, now, interval_seconds=3600)
+    with heartbeat, pytest.raises(RuntimeError, match="already started"):
+        heartbeat.start()
+
+
+def test_noop_heartbeat_when_no_lease_is_configured() -> None:
+    heartbeat = make_heartbeat(None)
+    assert isinstance(heartbeat, NoopHeartbeat)
+    with heartbeat:
+        heartbeat.update(step=1, phase="generate")
+        assert heartbeat.renew()
+        assert not heartbeat.running
+
+
+def test_make_heartbeat_with_a_client(api: FakeLeaseApi) -> None:
+    heartbeat = make_heartbeat(NAME, NAMESPACE, interval_seconds=5, attempt=1, client=api)
+    assert isinstance(heartbeat, Heartbeat)
+    assert (heartbeat.name, heartbeat.namespace, heartbeat.interval_seconds) == (
+        NAME,
+        NAMESPACE,
+        5,
+    )
+    assert heartbeat.renew()
+    assert "/" in (api.lease().spec.holder_identity or "")  # host/pid by default
+    assert api.lease().metadata.annotations == {"rlhf.dev/attempt": "1"}

@@ -1,0 +1,349 @@
+"""Liveness heartbeat: the trainer renews a ``coordination.k8s.io/v1`` Lease (design decision 4).
+
+The operator creates a Lease named after the job; the trainer driver only reads and updates it
+(its ServiceAccount may ``get`` and ``update`` that one Lease). Every ``interval_seconds`` a
+background thread sets ``spec.renewTime`` (and ``holderIdentity``, ``leaseDurationSeconds``) and
+these annotations, whose keys are defined once in :mod:`rlhfjob.contract` for both sides:
+
+=============================  =============================================================
+``rlhf.dev/step``              last completed training step (decimal integer)
+``rlhf.dev/step-time``         when that step value was first reported (RFC 3339, UTC)
+``rlhf.dev/total-steps``       steps the run is configured for (decimal integer)
+``rlhf.dev/phase``             what the trainer is doing now (``generate``, ``update``, ...)
+``rlhf.dev/checkpoint-step``   step of the newest complete checkpoint (decimal integer)
+``rlhf.dev/checkpoint-path``   directory of that checkpoint
+``rlhf.dev/attempt``           which restart this driver is (``$RLHF_ATTEMPT``), so the
+                               operator can ignore a stale writer from an earlier attempt
+=============================  =============================================================
+
+A stale ``renewTime`` means the driver is hung or dead; a fresh ``renewTime`` with an old
+``step-time`` means it is alive but stalled (an NCCL hang looks like this). Annotations not
+listed here are left untouched. Run locally, with no Lease configured, use
+:class:`NoopHeartbeat`, which has the same methods and does nothing; :func:`make_heartbeat`
+picks between the two.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlhfjob import contract
+
+logger = logging.getLogger(__name__)
+
+# Re-exported from the shared contract so trainer code can refer to them from here.
+ANNOTATION_STEP = contract.LEASE_STEP
+ANNOTATION_STEP_TIME = contract.LEASE_STEP_TIME
+ANNOTATION_TOTAL_STEPS = contract.LEASE_TOTAL_STEPS
+ANNOTATION_PHASE = contract.LEASE_PHASE
+ANNOTATION_CHECKPOINT_STEP = contract.LEASE_CHECKPOINT_STEP
+ANNOTATION_CHECKPOINT_PATH = contract.LEASE_CHECKPOINT_PATH
+ANNOTATION_ATTEMPT = contract.LEASE_ATTEMPT
+
+_SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_HTTP_CONFLICT = 409
+
+
+class LeaseClient(Protocol):
+    """The two calls the heartbeat makes; ``kubernetes.client.CoordinationV1Api`` provides them."""
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> Any: ...
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """What the heartbeat reports; ``None`` fields are not written."""
+
+    step: int | None = None
+    step_time: datetime | None = None
+    """When ``step`` was first reported with its current value."""
+    total_steps: int | None = None
+    phase: str | None = None
+    checkpoint_step: int | None = None
+    checkpoint_path: str | None = None
+    attempt: int | None = None
+
+    def annotations(self) -> dict[str, str]:
+        values = {
+            ANNOTATION_STEP: self.step,
+            ANNOTATION_STEP_TIME: format_time(self.step_time) if self.step_time else None,
+            ANNOTATION_TOTAL_STEPS: self.total_steps,
+            ANNOTATION_PHASE: self.phase,
+            ANNOTATION_CHECKPOINT_STEP: self.checkpoint_step,
+            ANNOTATION_CHECKPOINT_PATH: self.checkpoint_path,
+            ANNOTATION_ATTEMPT: self.attempt,
+        }
+        return {key: str(value) for key, value in values.items() if value is not None}
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z`` suffix, the form Kubernetes writes."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _lease_time(moment: datetime) -> datetime:
+    """A timestamp for a Lease ``MicroTime`` field.
+
+    The Kubernetes client serialises datetimes with ``isoformat()``, which drops the fraction when
+    microseconds are 0; the API server's MicroTime parser then rejects the value. Nudge such a
+    time by one microsecond.
+    """
+    moment = moment.astimezone(UTC)
+    return moment.replace(microsecond=1) if moment.microsecond == 0 else moment
+
+
+def default_holder_identity() -> str:
+    """``<hostname>/<pid>``: distinguishes a restarted driver from the previous one."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+class Heartbeat:
+    """Renews one Lease from a background thread, carrying the trainer's progress.
+
+    ``update`` only records progress; the next renewal (every ``interval_seconds``, or an explicit
+    :meth:`renew`) writes it. A failed renewal is logged and retried at the next interval: an
+    API-server hiccup must not kill training, and a Lease that stays stale is exactly what tells
+    the operator something is wrong.
+    """
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        name: str,
+        namespace: str,
+        holder_identity: str | None = None,
+        interval_seconds: float = 10.0,
+        lease_duration_seconds: int = 60,
+        attempt: int | None = None,
+        total_steps: int | None = None,
+        now: Callable[[], datetime] = utc_now,
+    ) -> None:
+        if interval_seconds <= 0:
+            raise ValueError(f"interval_seconds must be > 0, got {interval_seconds}")
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+        self.holder_identity = holder_identity or default_holder_identity()
+        self.interval_seconds = interval_seconds
+        self.lease_duration_seconds = lease_duration_seconds
+        self._now = now
+        self._lock = threading.Lock()  # guards _progress
+        self._renew_lock = threading.Lock()  # one renewal at a time (thread vs. explicit renew)
+        self._progress = TrainingProgress(attempt=attempt, total_steps=total_steps)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: Exception | None = None
+        """The exception of the last renewal, or ``None`` if it succeeded."""
+        self.renewals = 0
+        """Successful renewals so far."""
+
+    @property
+    def progress(self) -> TrainingProgress:
+        with self._lock:
+            return self._progress
+
+    def update(
+        self,
+        *,
+        step: int | None = None,
+        phase: str | None = None,
+        checkpoint_step: int | None = None,
+        checkpoint_path: str | None = None,
+    ) -> None:
+        """Record progress for the next renewal. Arguments left as ``None`` keep their value."""
+        with self._lock:
+            progress = self._progress
+            if step is not None and step != progress.step:
+                progress = replace(progress, step=step, step_time=self._now())
+            if phase is not None:
+                progress = replace(progress, phase=phase)
+            if checkpoint_step is not None:
+                progress = replace(progress, checkpoint_step=checkpoint_step)
+            if checkpoint_path is not None:
+                progress = replace(progress, checkpoint_path=checkpoint_path)
+            self._progress = progress
+
+    def renew(self) -> bool:
+        """Renew the Lease now. Returns whether it worked; never raises for API errors."""
+        with self._renew_lock:
+            return self._renew()
+
+    def _renew(self) -> bool:
+        try:
+            try:
+                self._read_modify_replace()
+            except Exception as error:
+                if getattr(error, "status", None) != _HTTP_CONFLICT:
+                    raise
+                # Someone (the operator) changed the Lease between our read and write: reread.
+                self._read_modify_replace()
+        except Exception as error:
+            if self.last_error is None:
+                logger.warning("renewing lease %s/%s failed: %s", self.namespace, self.name, error)
+            else:
+                logger.debug("renewing lease %s/%s failed: %s", self.namespace, self.name, error)
+            self.last_error = error
+            return False
+        if self.last_error is not None:
+            logger.info("renewing lease %s/%s works again", self.namespace, self.name)
+        self.last_error = None
+        self.renewals += 1
+        return True
+
+    def _read_modify_replace(self) -> None:
+        from kubernetes.client import V1LeaseSpec, V1ObjectMeta
+
+        lease = self.client.read_namespaced_lease(name=self.name, namespace=self.namespace)
+        now = _lease_time(self._now())
+        if lease.metadata is None:
+            lease.metadata = V1ObjectMeta()
+        annotations = dict(lease.metadata.annotations or {})
+        annotations.update(self.progress.annotations())
+        lease.metadata.annotations = annotations
+
+        if lease.spec is None:
+            lease.spec = V1LeaseSpec()
+        spec = lease.spec
+        if spec.holder_identity != self.holder_identity:
+            # A new driver process took over: count it the way Kubernetes leader election does.
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + (
+                1 if spec.holder_identity else 0
+            )
+            spec.holder_identity = self.holder_identity
+        spec.lease_duration_seconds = self.lease_duration_seconds
+        spec.renew_time = now
+        self.client.replace_namespaced_lease(name=self.name, namespace=self.namespace, body=lease)
+
+    def start(self) -> None:
+        """Renew once now, then every ``interval_seconds`` from a daemon thread."""
+        if self._thread is not None:
+            raise RuntimeError("heartbeat already started")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.renew()
+            if self._stop.wait(self.interval_seconds):
+                return
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        """Stop the background thread (a renewal in flight finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_seconds)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> Heartbeat:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class NoopHeartbeat:
+    """Stand-in for :class:`Heartbeat` when no Lease is configured (a local run)."""
+
+    def __init__(self) -> None:
+        self._progress = TrainingProgress()
+
+    @property
+    def progress(self) -> TrainingProgress:
+        return self._progress
+
+    def update(
+        self,
+        *,
+        step: int | None = None,
+        phase: str | None = None,
+        checkpoint_step: int | None = None,
+        checkpoint_path: str | None = None,
+    ) -> None:
+        """Accepted and ignored."""
+
+    def renew(self) -> bool:
+        return True
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        pass
+
+    @property
+    def running(self) -> bool:
+        return False
+
+    def __enter__(self) -> NoopHeartbeat:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+def make_heartbeat(
+    lease_name: str | None,
+    namespace: str | None = None,
+    interval_seconds: float = 10.0,
+    lease_duration_seconds: int = 60,
+    attempt: int | None = None,
+    total_steps: int | None = None,
+    client: LeaseClient | None = None,
+) -> Heartbeat | NoopHeartbeat:
+    """A :class:`Heartbeat` for ``lease_name``, or a :class:`NoopHeartbeat` when it is ``None``.
+
+    Under the operator the Lease is named after the job: pass ``$RLHF_JOB_NAME``,
+    ``$RLHF_JOB_NAMESPACE`` and ``$RLHF_ATTEMPT`` (see :mod:`rlhfjob.contract`). Without a
+    ``client``, connects with the pod's service account (or the local kubeconfig outside a
+    cluster). Without a ``namespace``, uses the pod's own namespace.
+    """
+    if not lease_name:
+        return NoopHeartbeat()
+    if namespace is None:
+        try:
+            namespace = _SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip()
+        except OSError as error:
+            raise ValueError(
+                f"lease {lease_name!r} has no namespace and this is not a pod"
+            ) from error
+    if client is None:
+        from kubernetes import client as kubernetes_client
+        from kubernetes import config as kubernetes_config
+
+        try:
+            kubernetes_config.load_incluster_config()
+        except kubernetes_config.ConfigException:
+            kubernetes_config.load_kube_config()
+        client = kubernetes_client.CoordinationV1Api()
+    return Heartbeat(
+        client,
+        name=lease_name,
+        namespace=namespace,
+        interval_seconds=interval_seconds,
+        lease_duration_seconds=lease_duration_seconds,
+        attempt=attempt,
+        total_steps=total_steps,
+    )
