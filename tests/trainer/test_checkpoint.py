@@ -246,6 +246,17 @@ def test_rewriting_a_step_replaces_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004"]
 
 
+def test_refuses_to_replace_a_step_directory_it_did_not_create(tmp_path: Path) -> None:
+    foreign = tmp_path / "step-00000004"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(CheckpointError, match="not created by this store"):
+        write_checkpoint(store, 4)
+    assert (foreign / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004"]
+
+
 def test_step_must_fit_eight_digits(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     with pytest.raises(ValueError, match="step"):

@@ -308,9 +308,10 @@ class CheckpointStore:
 
         On a normal exit the store writes the RNG state (``rng_state``, or this process's state
         captured on entry), hashes every file in the directory into ``manifest.json`` and renames
-        the directory to ``step-<8 digits>``, replacing an existing checkpoint of the same step.
-        Then it prunes to the newest ``keep_last`` checkpoints. If the block raises, the
-        directory is deleted and nothing else changes.
+        the directory to ``step-<8 digits>``, replacing an existing checkpoint of the same step
+        (but never a directory this store did not create). Then it prunes to the newest
+        ``keep_last`` checkpoints. If the block raises, the directory is deleted and nothing else
+        changes.
 
         Example::
 
@@ -363,6 +364,8 @@ class CheckpointStore:
 
     def _move_into_place(self, temp_dir: Path, final_dir: Path) -> None:
         """Rename the finished directory to its final name (the commit point)."""
+        if final_dir.exists() and not (final_dir / MARKER_FILE).is_file():
+            raise CheckpointError(f"{final_dir} exists and was not created by this store")
         if final_dir.exists():
             # A retried step after resuming from an older checkpoint. Move the old one aside
             # first: a directory cannot be renamed onto a non-empty one.
