@@ -1,0 +1,172 @@
+"""The Hugging Face rollout engine: sampling, log-probs, seeding, stopping, weight loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_trainer.algorithms import logprobs_from_logits
+from rlhf_trainer.engines import HFEngine, ModelSource, derive_seed
+from rlhf_trainer.rollout import Completion, SamplingParams
+
+TINY_QWEN2 = {
+    "model_type": "qwen2",
+    "vocab_size": 32,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]  # different lengths: exercises left padding
+
+
+@pytest.fixture(scope="module")
+def engine() -> HFEngine:
+    return HFEngine(ModelSource(config=TINY_QWEN2, seed=1))
+
+
+def reference_logprobs(
+    engine: HFEngine, prompt: list[int], completion: Completion, temperature: float
+) -> torch.Tensor:
+    """Log-probs of the completion's tokens from one full, unpadded forward pass."""
+    ids = torch.tensor([prompt + completion.token_ids])
+    with torch.no_grad():
+        logits = engine.model(input_ids=ids).logits[0]
+    return logprobs_from_logits(logits[len(prompt) - 1 : -1], ids[0, len(prompt) :], temperature)
+
+
+def test_generates_n_samples_per_prompt_with_the_models_logprobs(engine: HFEngine) -> None:
+    sampling = SamplingParams(n=3, temperature=0.7, max_tokens=6, seed=11)
+    results = engine.generate(PROMPTS, sampling)
+    assert len(results) == len(PROMPTS)
+    for prompt, completions in zip(PROMPTS, results, strict=True):
+        assert len(completions) == 3
+        for completion in completions:
+            assert len(completion.token_ids) == len(completion.logprobs) == 6
+            assert all(0 <= token < TINY_QWEN2["vocab_size"] for token in completion.token_ids)
+            assert completion.policy_version == 0
+            expected = reference_logprobs(engine, prompt, completion, temperature=0.7)
+            torch.testing.assert_close(
+                torch.tensor(completion.logprobs), expected, rtol=0, atol=1e-5
+            )
+    # Three samples of one prompt are not all the same sequence.
+    assert len({tuple(c.token_ids) for c in results[0]}) > 1
+
+
+def test_same_seed_same_samples_other_seed_other_samples(engine: HFEngine) -> None:
+    sampling = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=3)
+    first = engine.generate(PROMPTS, sampling)
+    assert engine.generate(PROMPTS, sampling) == first
+    other = engine.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=4))
+    assert other != first
+
+
+def test_respects_max_tokens_and_stops_after_a_stop_token(engine: HFEngine) -> None:
+    unstopped = engine.generate(PROMPTS, SamplingParams(n=2, max_tokens=12, seed=5))
+    assert all(len(c.token_ids) == 12 for completions in unstopped for c in completions)
+    stop_token = unstopped[1][0].token_ids[4]
+    stopped = engine.generate(
+        PROMPTS, SamplingParams(n=2, max_tokens=12, seed=5, stop_token_ids=(stop_token,))
+    )
+    for before, after in zip(
+        [c for cs in unstopped for c in cs], [c for cs in stopped for c in cs], strict=True
+    ):
+        # The same random draws, cut right after the first stop token (which is kept).
+        cut = (
+            before.token_ids.index(stop_token) + 1
+            if stop_token in before.token_ids
+            else len(before.token_ids)
+        )
+        assert after.token_ids == before.token_ids[:cut]
+        assert after.logprobs == before.logprobs[:cut]
+    assert len(stopped[1][0].token_ids) <= 5
+
+
+def test_temperature_zero_is_greedy_with_unscaled_logprobs(engine: HFEngine) -> None:
+    results = engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_tokens=5))
+    for prompt, (first, second) in zip(PROMPTS, results, strict=True):
+        assert first == second
+        ids = torch.tensor([prompt + first.token_ids])
+        with torch.no_grad():
+            logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        assert first.token_ids == logits.argmax(dim=-1).tolist()
+        torch.testing.assert_close(
+            torch.tensor(first.logprobs), torch.log_softmax(logits, dim=-1).max(dim=-1).values
+        )
+
+
+def test_top_p_truncates_sampling_but_not_the_reported_logprobs(engine: HFEngine) -> None:
+    nucleus = engine.generate(PROMPTS, SamplingParams(n=2, top_p=1e-6, max_tokens=5, seed=9))
+    greedy = engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.0, max_tokens=5))
+    for sampled, argmax in zip(nucleus, greedy, strict=True):
+        # A nucleus of one token always picks the argmax; its log-prob is not renormalised to 0.
+        assert [c.token_ids for c in sampled] == [c.token_ids for c in argmax]
+        assert all(lp < -1e-3 for c in sampled for lp in c.logprobs)
+
+
+def test_load_weights_copies_exactly_and_sets_the_version(engine: HFEngine) -> None:
+    other = HFEngine(ModelSource(config=TINY_QWEN2, seed=2))
+    source = engine.named_parameters()
+    assert not all(torch.equal(other.named_parameters()[n], t) for n, t in source.items())
+    other.load_weights(source.items(), version=7)
+    assert other.policy_version() == 7
+    for name, tensor in source.items():
+        assert torch.equal(other.named_parameters()[name], tensor), name
+    sampling = SamplingParams(n=1, max_tokens=4, seed=1)
+    completions = other.generate(PROMPTS, sampling)
+    assert completions == [
+        [Completion(c.token_ids, c.logprobs, 7) for c in cs]
+        for cs in engine.generate(PROMPTS, sampling)
+    ]
+
+
+def test_load_weights_rejects_mismatches_and_blocks_generation_until_fixed() -> None:
+    engine = HFEngine(ModelSource(config=TINY_QWEN2, seed=3))
+    name, tensor = next(iter(engine.named_parameters().items()))
+    with pytest.raises(ValueError, match="float64"):
+        engine.load_weights([(name, tensor.double())], version=1)
+    with pytest.raises(RuntimeError, match="part-way"):
+        engine.generate(PROMPTS, SamplingParams())
+    with pytest.raises(KeyError, match="no parameter"):
+        engine.load_weights([("model.nope.weight", tensor)], version=1)
+    engine.load_weights([(name, tensor.clone())], version=2)
+    assert engine.policy_version() == 2
+    assert len(engine.generate(PROMPTS, SamplingParams())) == len(PROMPTS)
+
+
+def test_model_source_builds_identical_models_for_one_seed() -> None:
+    first = HFEngine(ModelSource(config=TINY_QWEN2, seed=5)).named_parameters()
+    second = HFEngine(ModelSource(config=TINY_QWEN2, seed=5)).named_parameters()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    with pytest.raises(ValueError, match="exactly one"):
+        ModelSource()
+
+
+def test_derived_seeds_are_stable_and_distinct() -> None:
+    seeds = [derive_seed(42, index) for index in range(100)]
+    assert seeds == [derive_seed(42, index) for index in range(100)]
+    assert len(set(seeds)) == 100
+    assert all(0 <= seed < 2**62 for seed in seeds)
+
+
+@pytest.mark.slow
+def test_create_rollout_engines_places_actors_on_the_rollout_resource() -> None:
+    ray = pytest.importorskip("ray")
+    from rlhf_trainer.engines import create_rollout_engines
+    from rlhfjob.api import RolloutRoleSpec, ray_resource
+
+    resource = ray_resource("rollout")
+    ray.init(num_cpus=2, resources={resource: 2}, include_dashboard=False, log_to_driver=False)
+    try:
+        spec = RolloutRoleSpec(replicas=2, backend="hf")
+        engines = create_rollout_engines(spec, ModelSource(config=TINY_QWEN2, seed=1))
+        assert len(engines) == 2  # one per replica on CPU
+        sampling = SamplingParams(n=2, max_tokens=3, seed=1)
+        first, second = ray.get([engine.generate.remote(PROMPTS, sampling) for engine in engines])
+        assert first == second  # same source, same seed
+        assert ray.available_resources().get(resource, 0) == 0  # each holds one slot
+        assert ray.get([engine.policy_version.remote() for engine in engines]) == [0, 0]
+    finally:
+        ray.shutdown()

@@ -1,0 +1,616 @@
+"""Rollout engines behind `RolloutEngine` (design decision 8), and their Ray actors.
+
+* `HFEngine`: Hugging Face transformers on CPU (tests, the local demo). Batched, KV-cached
+  sampling written out here, so log-probs and seeding are exactly what this module documents.
+* `VLLMEngine`: vLLM 0.24's offline `LLM` on GPUs, token ids in and out (no tokenizer). vLLM is
+  imported lazily: CPU code never imports it.
+* `RolloutEngineActor` / `create_rollout_engines`: one engine per Ray actor on the rollout pool.
+
+Log-probs (both engines)
+------------------------
+``Completion.logprobs[t]`` is ``log_softmax(logits_t / temperature)[token_t]`` over the whole
+vocabulary: the temperature-scaled distribution **before** top-p truncation, as
+`rlhf_trainer.algorithms.logprobs_from_logits` recomputes it on the trainer. Temperature 0 means
+greedy decoding, with log-probs of the unscaled logits. (vLLM runs with
+``logprobs_mode="processed_logprobs"``; it matches this exactly when ``top_p == 1``, which is the
+usual RLHF setting. With ``top_p < 1`` vLLM renormalises over the nucleus, the HF engine does not.)
+
+Stopping: a completion ends after ``max_tokens`` tokens or right after a token in
+``stop_token_ids``, which is included. The model's own EOS is not implied: pass it in
+``stop_token_ids``.
+
+Weights and versions
+--------------------
+A new engine reports ``policy_version() == 0``. vLLM built from a config starts from vLLM's
+dummy weights, not the trainer's, so the driver always syncs once before the first rollout
+(`rlhf_trainer.weight_sync` describes the wiring). Both engines receive syncs through the same
+four calls, which the Ray actor forwards: ``weight_sync_ranks()`` (ranks this engine occupies in
+the sync group: 1 for HF, ``tensor_parallel_size`` for vLLM), ``init_weight_sync(info,
+first_rank)``, ``receive_weights(plan) -> SyncStats`` and ``close_weight_sync()``. An engine
+whose sync failed part-way refuses to generate until a later load succeeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from rlhf_trainer.algorithms import logprobs_from_logits
+from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.weight_sync import (
+    NamedTensors,
+    SyncGroupInfo,
+    SyncPlan,
+    SyncStats,
+    WeightSyncReceiver,
+    dtype_name,
+)
+
+if TYPE_CHECKING:
+    from rlhf_trainer.rollout import RolloutEngine
+    from rlhfjob.api import ModelSpec, RolloutRoleSpec
+
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this decode greedily (vLLM's threshold)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Where weights come from
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model to build: a path (HF format) or a HF config dict with random weights."""
+
+    path: str | None = None
+    config: dict[str, Any] | None = None
+    """A Hugging Face config as a dict, with ``model_type`` (e.g. ``"qwen2"``)."""
+    seed: int = 0
+    """Seeds the random initialisation of a `config` model."""
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.config is None):
+            raise ValueError("set exactly one of path and config")
+        if self.config is not None and "model_type" not in self.config:
+            raise ValueError("a model config needs a 'model_type'")
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, *, seed: int = 0, on_gpu: bool = False) -> ModelSource:
+        """The policy of an RLHFJob's ``spec.model`` (CPU runs use float32 regardless)."""
+        dtype = spec.dtype if on_gpu else "float32"
+        if spec.random_init is not None:
+            return cls(config=dict(spec.random_init), seed=seed, dtype=dtype)
+        return cls(path=spec.policy, dtype=dtype)
+
+
+def hf_config(config: dict[str, Any]) -> Any:
+    """A transformers config object from a plain dict with ``model_type``."""
+    from transformers import AutoConfig
+
+    values = dict(config)
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def build_causal_lm(source: ModelSource, device: torch.device | str = "cpu") -> Any:
+    """A transformers causal LM from `source`, in eval mode on `device`.
+
+    Random initialisation is seeded by ``source.seed`` without disturbing the caller's RNG, so
+    two builds from the same source are identical.
+    """
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, source.dtype)
+    if source.config is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(source.seed)
+            model = AutoModelForCausalLM.from_config(hf_config(source.config), dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
+    return model.to(device).eval()
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """A well-mixed 62-bit seed for item `index` of a call seeded with `seed`."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face transformers engine (CPU, tests)
+# --------------------------------------------------------------------------------------------
+
+
+class HFEngine:
+    """`RolloutEngine` on Hugging Face transformers, for CPU runs and tests.
+
+    All ``len(prompts) * n`` samples are decoded together in batches of `max_batch_size`
+    rows, left-padded with an attention mask and a KV cache. Sampling draws from one
+    ``torch.Generator`` seeded by ``SamplingParams.seed``, so a call is reproducible given the
+    seed, the weights and the prompts (``seed=None``: fresh randomness).
+    """
+
+    def __init__(
+        self,
+        model: ModelSource | Any,
+        *,
+        device: torch.device | str = "cpu",
+        max_batch_size: int = 64,
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.device = torch.device(device)
+        self.model = (
+            build_causal_lm(model, self.device) if isinstance(model, ModelSource) else model
+        )
+        self.model.eval()
+        self.max_batch_size = max_batch_size
+        self._version = 0
+        self._consistent = True  # False while (or after failing) loading a partial sync
+        self._parameters = dict(self.model.named_parameters(remove_duplicate=False))
+        self._receiver: WeightSyncReceiver | None = None
+        # transformers renamed `past_key_values` to `cache` (5.2x); accept either.
+        forward_parameters = inspect.signature(self.model.forward).parameters
+        self._cache_keyword = "cache" if "cache" in forward_parameters else "past_key_values"
+
+    # ---- RolloutEngine -----------------------------------------------------------------
+
+    def policy_version(self) -> int:
+        return self._version
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        if not self._consistent:
+            raise RuntimeError("the last weight load failed part-way; load weights again first")
+        if sampling.max_tokens < 1 or sampling.n < 1:
+            raise ValueError("max_tokens and n must be at least 1")
+        if any(len(prompt) == 0 for prompt in prompts):
+            raise ValueError("every prompt needs at least one token")
+        seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8)) >> 2
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        rows = [prompt for prompt in prompts for _ in range(sampling.n)]
+        sampled: list[tuple[list[int], list[float]]] = []
+        for start in range(0, len(rows), self.max_batch_size):
+            batch = rows[start : start + self.max_batch_size]
+            sampled.extend(self._sample_batch(batch, sampling, generator))
+        return [
+            [
+                Completion(token_ids=ids, logprobs=logprobs, policy_version=self._version)
+                for ids, logprobs in sampled[i * sampling.n : (i + 1) * sampling.n]
+            ]
+            for i in range(len(prompts))
+        ]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy tensors into the parameters of the same Hugging Face name, then adopt `version`.
+
+        Names, shapes and dtypes must match exactly (a mismatch raises rather than casting);
+        tied parameters answer to each of their names.
+        """
+        self._consistent = False
+        self._copy_weights(list(weights))
+        self._version = int(version)
+        self._consistent = True
+
+    # ---- weight sync (see rlhf_trainer.weight_sync) ------------------------------------
+
+    def weight_sync_ranks(self) -> int:
+        return 1
+
+    def init_weight_sync(self, info: SyncGroupInfo | dict[str, Any], first_rank: int) -> None:
+        """Join the sync group as `first_rank`; blocks until the whole group has joined."""
+        info = SyncGroupInfo.from_dict(info)
+        device = self.device if info.backend == "nccl" else torch.device("cpu")
+        self.close_weight_sync()
+        self._receiver = WeightSyncReceiver(info, first_rank, device=device)
+
+    def receive_weights(self, plan: SyncPlan | dict[str, Any]) -> SyncStats:
+        """Receive one sync (concurrently with the sender's ``send``) and adopt its version."""
+        if self._receiver is None:
+            raise RuntimeError("init_weight_sync() first")
+        plan = SyncPlan.from_dict(plan)
+        self._consistent = False
+        stats = self._receiver.receive(plan, self._copy_weights)
+        self._version = plan.version
+        self._consistent = True
+        return stats
+
+    def close_weight_sync(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """Parameters by Hugging Face name (tied ones under each name); for checks and tests."""
+        return dict(self._parameters)
+
+    # ---- internals ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _copy_weights(self, weights: NamedTensors) -> None:
+        for name, tensor in weights:
+            target = self._parameters.get(name)
+            if target is None:
+                raise KeyError(f"the model has no parameter named {name!r}")
+            if target.shape != tensor.shape or target.dtype != tensor.dtype:
+                raise ValueError(
+                    f"{name}: got {tuple(tensor.shape)} {dtype_name(tensor.dtype)}, the model "
+                    f"holds {tuple(target.shape)} {dtype_name(target.dtype)}"
+                )
+            target.copy_(tensor)
+
+    def _sample_batch(
+        self, prompts: Sequence[list[int]], sampling: SamplingParams, generator: torch.Generator
+    ) -> list[tuple[list[int], list[float]]]:
+        """Decode one batch of rows; returns (token ids, log-probs) per row."""
+        rows = len(prompts)
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        attention_mask = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(prompts):  # left padding: the last column is the newest
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        positions = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        greedy = sampling.temperature < GREEDY_TEMPERATURE
+        temperature = 1.0 if greedy else sampling.temperature
+        stop = torch.tensor(sorted(set(sampling.stop_token_ids)), dtype=torch.long)
+        finished = torch.zeros(rows, dtype=torch.bool)
+        lengths = torch.full((rows,), sampling.max_tokens, dtype=torch.long)
+        tokens: list[torch.Tensor] = []
+        logprobs: list[torch.Tensor] = []
+        next_position = positions[:, -1]
+        for step in range(sampling.max_tokens):
+            logits = output.logits[:, -1, :].float()
+            if greedy:
+                token = logits.argmax(dim=-1)
+            else:
+                probs = torch.softmax(logits / temperature, dim=-1)
+                token = torch.multinomial(
+                    _top_p_filter(probs, sampling.top_p), 1, generator=generator
+                ).squeeze(-1)
+            tokens.append(token)
+            logprobs.append(logprobs_from_logits(logits, token, temperature))
+            newly_stopped = torch.isin(token.cpu(), stop) & ~finished
+            lengths[newly_stopped] = step + 1
+            finished |= newly_stopped
+            if bool(finished.all()) or step + 1 == sampling.max_tokens:
+                break
+            # Finished rows keep decoding (their tokens are cut off below): simpler than
+            # shrinking the batch and its cache, and cheap at CPU-test sizes.
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=1)
+            next_position = next_position + 1
+            output = self.model(
+                input_ids=token.unsqueeze(-1),
+                attention_mask=attention_mask,
+                position_ids=next_position.unsqueeze(-1),
+                use_cache=True,
+                **{self._cache_keyword: getattr(output, self._cache_keyword)},
+            )
+        token_matrix = torch.stack(tokens, dim=1).cpu()
+        logprob_matrix = torch.stack(logprobs, dim=1).cpu()
+        return [
+            (
+                token_matrix[row, : lengths[row]].tolist(),
+                logprob_matrix[row, : lengths[row]].tolist(),
+            )
+            for row in range(rows)
+        ]
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches `top_p`."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM engine (GPU)
+# --------------------------------------------------------------------------------------------
+
+WORKER_EXTENSION = "rlhf_trainer.engines.VLLMWorkerExtension"
+
+
+class VLLMEngine:
+    """`RolloutEngine` on vLLM's offline ``LLM`` API (token ids only, no tokenizer).
+
+    A `ModelSource` with a config starts from vLLM's dummy weights (``load_format="dummy"``) in
+    a temporary model directory holding only ``config.json``; the first weight sync brings the
+    real ones. Weight syncs run inside every vLLM worker through `VLLMWorkerExtension` (passed
+    as ``worker_extension_cls``) and ``LLM.collective_rpc``, and load through the model's own
+    ``load_weights``, the path vLLM uses for checkpoints (fused QKV, tensor-parallel shards).
+    """
+
+    def __init__(
+        self,
+        model: ModelSource,
+        *,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        llm_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        from vllm import LLM
+
+        self._model_dir: tempfile.TemporaryDirectory[str] | None = None
+        if model.config is not None:
+            self._model_dir = tempfile.TemporaryDirectory(prefix="rlhf-vllm-model-")
+            hf_config(model.config).save_pretrained(self._model_dir.name)
+            path, load_format = self._model_dir.name, "dummy"
+        else:
+            assert model.path is not None
+            path, load_format = model.path, "auto"
+        kwargs: dict[str, Any] = {
+            "model": path,
+            "load_format": load_format,
+            "skip_tokenizer_init": True,
+            "dtype": model.dtype,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enforce_eager": enforce_eager,
+            "seed": seed,
+            "worker_extension_cls": WORKER_EXTENSION,
+            "logprobs_mode": "processed_logprobs",
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if tensor_parallel_size > 1:
+            # Worker processes on the GPUs Ray gave this actor (not a nested Ray placement).
+            kwargs["distributed_executor_backend"] = "mp"
+        kwargs.update(llm_kwargs or {})
+        self._llm = LLM(**kwargs)
+        self._tensor_parallel_size = tensor_parallel_size
+        self._version = 0
+        self._consistent = True
+
+    def policy_version(self) -> int:
+        return self._version
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        if not self._consistent:
+            raise RuntimeError("the last weight load failed part-way; load weights again first")
+        if not prompts:
+            return []
+        base_seed = sampling.seed if sampling.seed is not None else None
+        params = [
+            VLLMSamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                # vLLM gives sample j of a request the seed `seed + j`; mixing in the prompt
+                # index keeps prompts on unrelated random streams.
+                seed=None if base_seed is None else derive_seed(base_seed, index),
+                logprobs=0,
+                stop_token_ids=list(sampling.stop_token_ids),
+                ignore_eos=True,  # stop only where the caller says (no tokenizer EOS guessing)
+                detokenize=False,
+            )
+            for index in range(len(prompts))
+        ]
+        outputs = self._llm.generate(
+            [{"prompt_token_ids": list(prompt)} for prompt in prompts], params, use_tqdm=False
+        )
+        results = []
+        for output in outputs:
+            completions = []
+            for sample in sorted(output.outputs, key=lambda sample: sample.index):
+                ids = [int(token) for token in sample.token_ids]
+                assert sample.logprobs is not None, "vLLM returned no log-probs"
+                logprobs = [
+                    float(position[token].logprob)
+                    for position, token in zip(sample.logprobs, ids, strict=True)
+                ]
+                completions.append(Completion(ids, logprobs, self._version))
+            results.append(completions)
+        return results
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load tensors given directly (sent through vLLM's RPC: for small models and tests;
+        training uses the weight-sync group)."""
+        payload = [(name, tensor.detach().cpu()) for name, tensor in weights]
+        self._consistent = False
+        self._llm.collective_rpc("rlhf_load_weights", args=(payload,))
+        self._llm.reset_prefix_cache()  # cached KV blocks came from the old weights
+        self._version = int(version)
+        self._consistent = True
+
+    def weight_sync_ranks(self) -> int:
+        return self._tensor_parallel_size
+
+    def init_weight_sync(self, info: SyncGroupInfo | dict[str, Any], first_rank: int) -> None:
+        """Every worker joins the group as ``first_rank + its rank in this engine``."""
+        info_dict = SyncGroupInfo.from_dict(info).to_dict()
+        self._llm.collective_rpc("rlhf_init_weight_sync", args=(info_dict, first_rank))
+
+    def receive_weights(self, plan: SyncPlan | dict[str, Any]) -> SyncStats:
+        plan = SyncPlan.from_dict(plan)
+        self._consistent = False
+        results = self._llm.collective_rpc("rlhf_receive_weights", args=(plan.to_dict(),))
+        self._llm.reset_prefix_cache()  # cached KV blocks came from the old weights
+        self._version = plan.version
+        self._consistent = True
+        # Report the slowest worker: the engine is ready once all of them are.
+        return max((SyncStats(**result) for result in results), key=lambda stats: stats.seconds)
+
+    def close_weight_sync(self) -> None:
+        self._llm.collective_rpc("rlhf_close_weight_sync")
+
+
+class VLLMWorkerExtension:
+    """Methods mixed into every vLLM worker (``worker_extension_cls``), called through
+    ``LLM.collective_rpc``. Arguments arrive as plain data (vLLM serialises RPCs with msgpack).
+    ``self`` is the vLLM worker: it has ``device`` and ``model_runner``."""
+
+    device: torch.device
+    model_runner: Any
+
+    def rlhf_init_weight_sync(self, info: dict[str, Any], first_rank: int) -> int:
+        from vllm.distributed.parallel_state import get_world_group
+
+        sync_info = SyncGroupInfo.from_dict(info)
+        rank = first_rank + get_world_group().rank
+        device = self.device if sync_info.backend == "nccl" else torch.device("cpu")
+        self.rlhf_close_weight_sync()
+        self._rlhf_receiver = WeightSyncReceiver(sync_info, rank, device=device)
+        return rank
+
+    def rlhf_receive_weights(self, plan: dict[str, Any]) -> dict[str, Any]:
+        receiver: WeightSyncReceiver | None = getattr(self, "_rlhf_receiver", None)
+        if receiver is None:
+            raise RuntimeError("rlhf_init_weight_sync first")
+        stats = receiver.receive(plan, self._rlhf_load)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return stats.to_dict()
+
+    def rlhf_load_weights(self, weights: list[Sequence[Any]]) -> None:
+        self._rlhf_load([(str(name), tensor.to(self.device)) for name, tensor in weights])
+
+    def rlhf_close_weight_sync(self) -> None:
+        receiver: WeightSyncReceiver | None = getattr(self, "_rlhf_receiver", None)
+        if receiver is not None:
+            receiver.close()
+        self._rlhf_receiver = None
+
+    def _rlhf_load(self, weights: NamedTensors) -> None:
+        self.model_runner.model.load_weights(weights=weights)
+
+
+# --------------------------------------------------------------------------------------------
+# Ray actors on the rollout pool
+# --------------------------------------------------------------------------------------------
+
+EngineBackend = Literal["hf", "vllm"]
+
+
+class RolloutEngineActor:
+    """One engine inside a Ray actor; its methods are the engine's (see the module docstring).
+
+    `create_rollout_engines` starts these; the driver calls ``generate``, ``policy_version``,
+    ``load_weights`` and the four weight-sync methods with ``.remote(...)``.
+    """
+
+    def __init__(self, backend: EngineBackend, model: ModelSource, options: dict[str, Any]) -> None:
+        self.engine: HFEngine | VLLMEngine
+        if backend == "hf":
+            self.engine = HFEngine(model, **options)
+        elif backend == "vllm":
+            self.engine = VLLMEngine(model, **options)
+        else:
+            raise ValueError(f"unknown rollout backend {backend!r}")
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        return self.engine.generate(prompts, sampling)
+
+    def policy_version(self) -> int:
+        return self.engine.policy_version()
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
+        self.engine.load_weights(weights, version)
+
+    def weight_sync_ranks(self) -> int:
+        return self.engine.weight_sync_ranks()
+
+    def init_weight_sync(self, info: SyncGroupInfo | dict[str, Any], first_rank: int) -> None:
+        self.engine.init_weight_sync(info, first_rank)
+
+    def receive_weights(self, plan: SyncPlan | dict[str, Any]) -> SyncStats:
+        return self.engine.receive_weights(plan)
+
+    def close_weight_sync(self) -> None:
+        self.engine.close_weight_sync()
+
+    def pid(self) -> int:
+        """The actor's process id (fault-injection tests kill it)."""
+        return os.getpid()
+
+
+def create_rollout_engines(
+    spec: RolloutRoleSpec,
+    model: ModelSource,
+    count: int | None = None,
+    *,
+    seed: int = 0,
+    enforce_eager: bool = False,
+    max_model_len: int | None = None,
+    num_cpus: float | None = None,
+    engine_options: dict[str, Any] | None = None,
+) -> list[Any]:
+    """Start `count` rollout engines as Ray actors on the rollout pool.
+
+    Each actor requests one unit of the rollout role's Ray resource (``rlhf-role-rollout``,
+    `rlhfjob.api.ray_resource`), so it lands on a rollout node, plus ``tensor_parallel_size``
+    GPUs for vLLM. `count` defaults to every slot of the role (``replicas`` x engines per
+    replica). HF engines reserve no CPU by default (`num_cpus`): the role resource already
+    bounds how many share a node. Construction is asynchronous: ``ray.get`` any method (e.g.
+    ``policy_version``) to wait until an engine is up.
+    """
+    import ray
+
+    from rlhfjob import api
+
+    if count is None:
+        count = spec.replicas * api.actor_slots(spec)
+    options: dict[str, Any] = dict(engine_options or {})
+    resources = {api.ray_resource("rollout"): 1}
+    if spec.backend == "vllm":
+        options.setdefault("tensor_parallel_size", spec.tensor_parallel_size)
+        options.setdefault("gpu_memory_utilization", spec.gpu_memory_utilization)
+        options.setdefault("enforce_eager", enforce_eager)
+        options.setdefault("max_model_len", max_model_len)
+        actor_options = {
+            "num_gpus": spec.tensor_parallel_size,
+            "num_cpus": 1 if num_cpus is None else num_cpus,
+            "resources": resources,
+        }
+    else:
+        actor_options = {
+            "num_gpus": 0,
+            "num_cpus": 0 if num_cpus is None else num_cpus,
+            "resources": resources,
+        }
+    actor_class = ray.remote(RolloutEngineActor)
+    engines = []
+    for index in range(count):
+        engine_options_i = dict(options)
+        if spec.backend == "vllm":
+            engine_options_i.setdefault("seed", derive_seed(seed, index) % 2**31)
+        engines.append(
+            actor_class.options(**actor_options).remote(spec.backend, model, engine_options_i)
+        )
+    return engines
+
+
+if TYPE_CHECKING:  # mypy: both engines implement the protocol
+    _hf_engine: type[RolloutEngine] = HFEngine
+    _vllm_engine: type[RolloutEngine] = VLLMEngine

@@ -1,0 +1,717 @@
+"""Weight sync from trainer rank 0 to every rollout worker (design decision 7).
+
+After each policy update the rollout engines must generate with the new weights. They get them
+over a dedicated process group that joins **trainer rank 0** (sync rank 0, the only sender) with
+**every rollout worker** (sync ranks 1..N; a vLLM engine with tensor parallelism ``tp`` is ``tp``
+workers and so ``tp`` ranks). The group is built from its own ``TCPStore`` and backend object
+(gloo on CPU, NCCL on GPU) and never touches ``torch.distributed``'s default group, which the
+trainer ranks already use for DeepSpeed. The same code runs in CI (gloo) and on GPUs (NCCL).
+
+What travels
+------------
+The weights are packed into fixed-size flat byte buckets, one broadcast per bucket. The sender
+packs bucket ``k + 1`` while bucket ``k`` is still in flight (two buffers, async work handles),
+so gathering ZeRO-3 parameters overlaps the network. A tensor larger than the space left in a
+bucket is split across buckets, so memory stays bounded by two buckets on every rank.
+
+Receivers must know the layout before the bytes arrive. The layout is a `SyncPlan` (per bucket:
+which tensor pieces, their names, shapes, dtypes and offsets, plus the **policy version**),
+computed on trainer rank 0 from parameter metadata only (`plan_weight_sync`; for ZeRO-3 use
+`zero3_parameter_metadata`, which needs no gather) and handed to the receivers out of band by the
+driver through Ray. Each sync starts with a tiny header broadcast (version, bucket count, plan
+digest) so a receiver given a different plan fails loudly instead of loading garbage.
+
+Failures
+--------
+Every wait is bounded: joining the group by ``connect_timeout_s`` (engines may still be starting)
+and each broadcast by ``timeout_s``. A dead peer, a timeout, a plan mismatch or a failing load
+raises `WeightSyncError` on the ranks that see it. A group that failed once is broken: later
+calls raise at once, and the driver builds a new group (new store port) or restarts the job.
+
+How the driver wires a sync (Ray actors; ``trainer0`` is trainer rank 0)
+-------------------------------------------------------------------------
+Once, after the engines are up::
+
+    ranks = ray.get([e.weight_sync_ranks.remote() for e in engines])  # 1 per HF, tp per vLLM
+    world_size = 1 + sum(ranks)
+    info = ray.get(trainer0.open_weight_sync.remote(world_size))
+    #   in the actor: self.sender = WeightSyncSender(world_size, backend=..., host=node_ip)
+    #                 return self.sender.info          # SyncGroupInfo: host, port (TCPStore), ...
+    first = 1
+    joins = []
+    for engine, n in zip(engines, ranks):
+        joins.append(engine.init_weight_sync.remote(info, first))      # receivers join
+        first += n
+    ray.get([trainer0.connect_weight_sync.remote()] + joins)           # self.sender.connect()
+
+Every sync (also once before the first rollout and after a resume)::
+
+    plan = ray.get(trainer0.weight_sync_plan.remote(version))
+    #   in the actor: plan_weight_sync(zero3_parameter_metadata(model), version, bucket_bytes)
+    refs = [t.send_weights.remote(plan) for t in trainers]             # ALL trainer ranks:
+    #   rank 0:  stats = self.sender.send(plan, iter_zero3_parameters(model))
+    #   others:  for _ in iter_zero3_parameters(model): pass          # the gather is collective
+    refs += [e.receive_weights.remote(plan) for e in engines]
+    stats = ray.get(refs)   # rank 0's SyncStats -> metrics; any WeightSyncError surfaces here
+
+Sender and receivers must be called concurrently (they meet in the broadcasts), which is why
+the driver launches all remote calls before waiting on any of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+Backend = Literal["gloo", "nccl"]
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+"""Bucket size on GPU; CPU tests use a few KiB to exercise splitting."""
+ALIGNMENT = 64
+"""Byte alignment of every piece in a bucket, so any dtype can be viewed in place."""
+_MAGIC = 0x524C4846  # "RLHF": first word of the handshake and of every sync header.
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync (or joining the sync group) failed or timed out; the group is now unusable."""
+
+
+# --------------------------------------------------------------------------------------------
+# The plan: what each bucket holds
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorPiece:
+    """A byte range of one named tensor, stored at `bucket_offset` in its bucket."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """A torch dtype name without the ``torch.`` prefix, e.g. ``"bfloat16"``."""
+    tensor_nbytes: int
+    tensor_offset: int
+    """Where this piece starts within the tensor's bytes (0 for a whole or first piece)."""
+    bucket_offset: int
+    nbytes: int
+
+    @property
+    def is_last(self) -> bool:
+        """True when this piece completes its tensor."""
+        return self.tensor_offset + self.nbytes == self.tensor_nbytes
+
+
+@dataclass(frozen=True)
+class Bucket:
+    nbytes: int
+    """Bytes actually broadcast (the used prefix of the bucket buffer)."""
+    pieces: tuple[TensorPiece, ...]
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """The layout of one sync: buckets in broadcast order and the policy version they carry."""
+
+    version: int
+    bucket_bytes: int
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(bucket.nbytes for bucket in self.buckets)
+
+    @property
+    def num_tensors(self) -> int:
+        return sum(piece.is_last for bucket in self.buckets for piece in bucket.pieces)
+
+    def digest(self) -> int:
+        """A 63-bit fingerprint of the whole layout (sent in-band to catch mismatched plans)."""
+        hasher = hashlib.blake2b(digest_size=8)
+        hasher.update(repr((self.version, self.bucket_bytes, self.buckets)).encode())
+        return int.from_bytes(hasher.digest(), "little") & (2**63 - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists, ints, strings) for transports that do not pickle, such as vLLM's
+        ``collective_rpc``."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | SyncPlan) -> SyncPlan:
+        if isinstance(data, SyncPlan):
+            return data
+        buckets = tuple(
+            Bucket(
+                nbytes=int(bucket["nbytes"]),
+                pieces=tuple(
+                    TensorPiece(**{**piece, "shape": tuple(piece["shape"])})
+                    for piece in bucket["pieces"]
+                ),
+            )
+            for bucket in data["buckets"]
+        )
+        return cls(int(data["version"]), int(data["bucket_bytes"]), buckets)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown torch dtype {name!r}")
+    return dtype
+
+
+def _align(offset: int) -> int:
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+def plan_weight_sync(
+    metadata: Iterable[tuple[str, Sequence[int], torch.dtype | str]],
+    version: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> SyncPlan:
+    """Lay out tensors, in the given order, into buckets of at most `bucket_bytes`.
+
+    `metadata` is ``(name, shape, dtype)`` per tensor, in exactly the order the sender will
+    yield the tensors. Pieces start at `ALIGNMENT`-byte offsets; a tensor that does not fit in
+    the space left is split, its first piece filling the current bucket.
+    """
+    if bucket_bytes < ALIGNMENT or bucket_bytes % ALIGNMENT:
+        raise ValueError(f"bucket_bytes must be a positive multiple of {ALIGNMENT}")
+    buckets: list[Bucket] = []
+    pieces: list[TensorPiece] = []
+    used = 0  # bytes used in the bucket being filled (always aligned)
+
+    def close_bucket() -> None:
+        nonlocal pieces, used
+        if pieces:
+            end = pieces[-1].bucket_offset + pieces[-1].nbytes
+            buckets.append(Bucket(nbytes=end, pieces=tuple(pieces)))
+        pieces, used = [], 0
+
+    seen: set[str] = set()
+    for name, shape, dtype in metadata:
+        if name in seen:
+            raise ValueError(f"tensor {name!r} appears twice in the sync metadata")
+        seen.add(name)
+        dtype_str = dtype if isinstance(dtype, str) else dtype_name(dtype)
+        element_size = torch.empty((), dtype=dtype_from_name(dtype_str)).element_size()
+        shape_tuple = tuple(int(size) for size in shape)
+        tensor_nbytes = element_size * int(torch.Size(shape_tuple).numel())
+        tensor_offset = 0
+        while True:
+            if used == bucket_bytes:
+                close_bucket()
+            take = min(tensor_nbytes - tensor_offset, bucket_bytes - used)
+            pieces.append(
+                TensorPiece(
+                    name=name,
+                    shape=shape_tuple,
+                    dtype=dtype_str,
+                    tensor_nbytes=tensor_nbytes,
+                    tensor_offset=tensor_offset,
+                    bucket_offset=used,
+                    nbytes=take,
+                )
+            )
+            tensor_offset += take
+            used = min(_align(used + take), bucket_bytes)
+            if tensor_offset == tensor_nbytes:
+                break
+    close_bucket()
+    return SyncPlan(version=int(version), bucket_bytes=bucket_bytes, buckets=tuple(buckets))
+
+
+def tensor_metadata(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """``(name, shape, dtype)`` of materialised tensors (a plain, non-ZeRO model)."""
+    return [(name, tuple(tensor.shape), tensor.dtype) for name, tensor in named_tensors]
+
+
+# --------------------------------------------------------------------------------------------
+# ZeRO-3 helpers for the sending side
+# --------------------------------------------------------------------------------------------
+
+
+def _unique_parameters_by_module(module: nn.Module) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+    """``(module name, [(full param name, param), ...])`` with tied parameters listed once,
+    in ``module.named_parameters()`` order."""
+    seen: set[int] = set()
+    for module_name, submodule in module.named_modules():
+        params = []
+        for param_name, param in submodule.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            params.append((f"{module_name}.{param_name}" if module_name else param_name, param))
+        if params:
+            yield module_name, params
+
+
+def zero3_parameter_metadata(module: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """``(name, full shape, dtype)`` of a (possibly ZeRO-3 partitioned) module, without gathering.
+
+    Uses DeepSpeed's ``ds_shape`` where present, so it works on any trainer rank. The order
+    matches `iter_zero3_parameters`.
+    """
+    return [
+        (name, tuple(getattr(param, "ds_shape", param.shape)), param.dtype)
+        for _, params in _unique_parameters_by_module(module)
+        for name, param in params
+    ]
+
+
+def iter_zero3_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield full parameters one submodule (layer piece) at a time, gathering under ZeRO-3.
+
+    The gather is a collective over the trainer's default group: **every trainer rank** must
+    run this iterator to the end, in step, even though only rank 0 sends. A yielded tensor is
+    valid until the iterator advances. Without ZeRO-3 (no ``ds_id``) nothing is gathered.
+    """
+    for _, params in _unique_parameters_by_module(module):
+        partitioned = [param for _, param in params if hasattr(param, "ds_id")]
+        if partitioned:
+            import deepspeed  # lazy: only ZeRO-3 trainers have it loaded
+
+            gather = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+        else:
+            gather = contextlib.nullcontext()
+        with gather, torch.no_grad():
+            for name, param in params:
+                yield name, param.data
+
+
+# --------------------------------------------------------------------------------------------
+# The group
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyncGroupInfo:
+    """Everything a receiver needs to join; created by the sender, passed around by the driver."""
+
+    host: str
+    """Address of trainer rank 0, which hosts the TCPStore server."""
+    port: int
+    world_size: int
+    """1 (the sender) + the number of receiving ranks."""
+    backend: Backend = "gloo"
+    timeout_s: float = 120.0
+    """Bound on each broadcast (and so on a stalled sync)."""
+    connect_timeout_s: float = 600.0
+    """Bound on joining the group (rollout engines may take minutes to start)."""
+    group_name: str = "rlhf-weight-sync"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | SyncGroupInfo) -> SyncGroupInfo:
+        return data if isinstance(data, SyncGroupInfo) else cls(**data)
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one sync cost, for metrics (``rlhf_trainer_weight_sync_*``)."""
+
+    version: int
+    seconds: float
+    bytes: int
+    buckets: int
+    tensors: int
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_host() -> str:
+    """This node's address as other nodes see it: Ray's node IP if Ray is up, else the
+    hostname's address (a pod IP in Kubernetes)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except ImportError:
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class _Group:
+    """The sync process group of one rank: a store, a gloo/NCCL backend object, bounded waits."""
+
+    def __init__(self, store: dist.Store, info: SyncGroupInfo, rank: int, device: torch.device):
+        self.info = info
+        self.rank = rank
+        self.device = device
+        self.broken = False
+        prefixed = dist.PrefixStore(info.group_name, store)
+        connect = timedelta(seconds=info.connect_timeout_s)
+        try:
+            if info.backend == "gloo":
+                # The constructor rendezvouses with every rank (bounded by `connect`); afterwards
+                # each operation gets the short timeout, so a stuck one fails (and frees its
+                # worker thread) within `timeout_s`.
+                self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, info.world_size, connect)
+                self.pg.set_timeout(timedelta(seconds=info.timeout_s))
+            elif info.backend == "nccl":
+                # NCCL connects lazily in the first collective (the handshake below). Its own
+                # watchdog timeout is kept longer than our waits, so we raise (and abort the
+                # communicator) before the watchdog would tear the process down.
+                self.pg = dist.ProcessGroupNCCL(
+                    prefixed, rank, info.world_size, timedelta(seconds=2 * info.timeout_s + 60)
+                )
+            else:
+                raise ValueError(f"unknown weight-sync backend {info.backend!r}")
+            self._handshake()
+        except WeightSyncError:
+            raise
+        except Exception as error:
+            self.broken = True
+            raise WeightSyncError(
+                f"rank {rank} could not join weight-sync group {info.group_name!r} at "
+                f"{info.host}:{info.port} (world size {info.world_size}): {error}"
+            ) from error
+
+    def _handshake(self) -> None:
+        """One small broadcast: proves every rank is connected before the first real sync."""
+        words = torch.tensor([_MAGIC, self.info.world_size], dtype=torch.int64, device=self.device)
+        if self.rank != 0:
+            words.zero_()
+        self.wait(self.broadcast(words), what="handshake", timeout_s=self.info.connect_timeout_s)
+        if words.tolist() != [_MAGIC, self.info.world_size]:
+            raise WeightSyncError(f"bad weight-sync handshake {words.tolist()}")
+
+    def broadcast(self, tensor: torch.Tensor) -> Any:
+        self.check_usable()
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.rootTensor = 0
+        try:
+            return self.pg.broadcast([tensor], options)
+        except Exception as error:
+            self.fail()
+            raise WeightSyncError(f"weight-sync broadcast failed on rank {self.rank}") from error
+
+    def wait(self, work: Any, what: str, timeout_s: float | None = None) -> None:
+        """Wait for `work` at most ``timeout_s`` (default: the group's), else raise."""
+        timeout = self.info.timeout_s if timeout_s is None else timeout_s
+        try:
+            work.wait(timedelta(seconds=timeout))
+        except Exception as error:
+            self.fail()
+            raise WeightSyncError(
+                f"weight sync failed on rank {self.rank} during {what} "
+                f"(a peer died, or nothing arrived within {timeout:g} s): {error}"
+            ) from error
+
+    def check_usable(self) -> None:
+        if self.broken:
+            raise WeightSyncError(
+                f"weight-sync group {self.info.group_name!r} failed earlier; create a new one"
+            )
+
+    def fail(self) -> None:
+        """Mark the group broken and abort its communicator (NCCL: stops in-flight kernels)."""
+        if self.broken:
+            return
+        self.broken = True
+        if self.info.backend == "nccl":
+            with contextlib.suppress(Exception):
+                self.pg.abort()
+
+    def close(self) -> None:
+        self.broken = True
+        with contextlib.suppress(Exception):
+            self.pg.shutdown()
+
+
+def _default_device(backend: Backend) -> torch.device:
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------------------------
+# Sender (trainer rank 0) and receiver (each rollout worker)
+# --------------------------------------------------------------------------------------------
+
+
+class WeightSyncSender:
+    """Sync rank 0: hosts the store, packs named tensors into buckets and broadcasts them.
+
+    Construction only opens the store (non-blocking) so that `info` can be handed to the
+    receivers; `connect` then blocks until every receiver has joined.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: Backend = "gloo",
+        host: str | None = None,
+        port: int = 0,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 600.0,
+        group_name: str = "rlhf-weight-sync",
+        device: torch.device | str | None = None,
+    ) -> None:
+        if world_size < 2:
+            raise ValueError("a weight-sync group needs the sender and at least one receiver")
+        self.device = torch.device(device) if device is not None else _default_device(backend)
+        host = host or default_host()
+        # The server listens on every interface; port=0 lets the OS pick a free port, which the
+        # store reports back.
+        self._store = dist.TCPStore(
+            host,
+            port,
+            world_size=None,
+            is_master=True,
+            timeout=timedelta(seconds=connect_timeout_s),
+            wait_for_workers=False,
+        )
+        self.info = SyncGroupInfo(
+            host=host,
+            port=self._store.port,
+            world_size=world_size,
+            backend=backend,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            group_name=group_name,
+        )
+        self._group: _Group | None = None
+        self._buffers: list[torch.Tensor] = []
+
+    def connect(self) -> None:
+        """Join as rank 0; returns once every receiver has joined (or raises WeightSyncError)."""
+        if self._group is None:
+            self._group = _Group(self._store, self.info, rank=0, device=self.device)
+
+    def _buffers_for(self, bucket_bytes: int) -> list[torch.Tensor]:
+        if not self._buffers or self._buffers[0].numel() != bucket_bytes:
+            self._buffers = [
+                torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(2)
+            ]
+        return self._buffers
+
+    def send(self, plan: SyncPlan, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
+        """Broadcast `named_tensors` (in `plan` order) to every receiver; returns the stats.
+
+        `named_tensors` may be a lazy iterator (ZeRO-3 gathering a layer at a time): each
+        tensor is copied into a bucket before the iterator advances.
+        """
+        if self._group is None:
+            raise WeightSyncError("call connect() before send()")
+        group = self._group
+        group.check_usable()
+        start = time.perf_counter()
+        header = torch.tensor(
+            [_MAGIC, plan.version, len(plan.buckets), plan.digest()],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        header_work = group.broadcast(header)
+        buffers = self._buffers_for(plan.bucket_bytes)
+        in_flight: list[Any] = [None, None]
+        tensors = iter(named_tensors)
+        current: torch.Tensor | None = None  # bytes of the tensor being packed
+        try:
+            for index, bucket in enumerate(plan.buckets):
+                slot = index % 2
+                if in_flight[slot] is not None:  # the broadcast that last used this buffer
+                    group.wait(in_flight[slot], what=f"bucket {index - 2}")
+                buffer = buffers[slot]
+                for piece in bucket.pieces:
+                    if piece.tensor_offset == 0:
+                        current = _next_tensor_bytes(tensors, piece, group)
+                    assert current is not None
+                    buffer[piece.bucket_offset : piece.bucket_offset + piece.nbytes].copy_(
+                        current[piece.tensor_offset : piece.tensor_offset + piece.nbytes]
+                    )
+                in_flight[slot] = group.broadcast(buffer[: bucket.nbytes])
+            group.wait(header_work, what="header")
+            for slot in (len(plan.buckets) % 2, (len(plan.buckets) + 1) % 2):
+                if in_flight[slot] is not None:
+                    group.wait(in_flight[slot], what="the last buckets")
+            if next(tensors, None) is not None:
+                group.fail()
+                raise WeightSyncError("the sender yielded more tensors than the plan holds")
+        except WeightSyncError:
+            raise
+        except Exception as error:
+            group.fail()
+            raise WeightSyncError(f"packing weights for version {plan.version} failed") from error
+        return SyncStats(
+            version=plan.version,
+            seconds=time.perf_counter() - start,
+            bytes=plan.total_bytes,
+            buckets=len(plan.buckets),
+            tensors=plan.num_tensors,
+        )
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._buffers = []
+
+
+def _next_tensor_bytes(
+    tensors: Iterator[tuple[str, torch.Tensor]], piece: TensorPiece, group: _Group
+) -> torch.Tensor:
+    """The next tensor from the sender's iterator as flat bytes, checked against the plan."""
+    item = next(tensors, None)
+    if item is None:
+        group.fail()
+        raise WeightSyncError(f"the sender ran out of tensors before {piece.name!r}")
+    name, tensor = item
+    if (name, tuple(tensor.shape), dtype_name(tensor.dtype)) != (
+        piece.name,
+        piece.shape,
+        piece.dtype,
+    ):
+        group.fail()
+        raise WeightSyncError(
+            f"the sender yielded {name!r} {tuple(tensor.shape)} {dtype_name(tensor.dtype)} "
+            f"where the plan expects {piece.name!r} {piece.shape} {piece.dtype}"
+        )
+    return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+
+class WeightSyncReceiver:
+    """A receiving rank (one per rollout worker): joins the group, unpacks buckets into tensors.
+
+    Construction blocks until the whole group has joined (the sender's `connect` included).
+    """
+
+    def __init__(
+        self,
+        info: SyncGroupInfo | dict[str, Any],
+        rank: int,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.info = SyncGroupInfo.from_dict(info)
+        if not 1 <= rank < self.info.world_size:
+            raise ValueError(f"receiver rank {rank} outside 1..{self.info.world_size - 1}")
+        self.device = (
+            torch.device(device) if device is not None else _default_device(self.info.backend)
+        )
+        try:
+            store = dist.TCPStore(
+                self.info.host,
+                self.info.port,
+                is_master=False,
+                timeout=timedelta(seconds=self.info.connect_timeout_s),
+            )
+        except Exception as error:
+            raise WeightSyncError(
+                f"rank {rank} could not reach the weight-sync store at "
+                f"{self.info.host}:{self.info.port}: {error}"
+            ) from error
+        self._group = _Group(store, self.info, rank=rank, device=self.device)
+        self._buffers: list[torch.Tensor] = []
+
+    @property
+    def rank(self) -> int:
+        return self._group.rank
+
+    def receive(
+        self,
+        plan: SyncPlan | dict[str, Any],
+        load: Callable[[NamedTensors], None],
+    ) -> SyncStats:
+        """Receive one sync and hand each bucket's complete tensors to `load`.
+
+        `load` gets ``[(name, tensor), ...]`` once per bucket; the tensors may be views into a
+        receive buffer and are only valid during the call, so `load` must copy them (engines'
+        weight loaders do). The next bucket is already in flight while `load` runs.
+        """
+        plan = SyncPlan.from_dict(plan)
+        group = self._group
+        group.check_usable()
+        start = time.perf_counter()
+        header = torch.zeros(4, dtype=torch.int64, device=self.device)
+        group.wait(group.broadcast(header), what="header")
+        expected = [_MAGIC, plan.version, len(plan.buckets), plan.digest()]
+        if header.tolist() != expected:
+            group.fail()
+            raise WeightSyncError(
+                f"rank {self.rank} holds a different plan than the sender: header "
+                f"{header.tolist()} != {expected} (magic, version, buckets, digest)"
+            )
+        if not self._buffers or self._buffers[0].numel() != plan.bucket_bytes:
+            self._buffers = [
+                torch.empty(plan.bucket_bytes, dtype=torch.uint8, device=self.device)
+                for _ in range(2)
+            ]
+        buckets = plan.buckets
+
+        def post(index: int) -> Any:
+            return group.broadcast(self._buffers[index % 2][: buckets[index].nbytes])
+
+        in_flight = {index: post(index) for index in range(min(2, len(buckets)))}
+        partial: dict[str, torch.Tensor] = {}  # tensors split across buckets, being assembled
+        for index, bucket in enumerate(buckets):
+            group.wait(in_flight.pop(index), what=f"bucket {index}")
+            buffer = self._buffers[index % 2]
+            ready: NamedTensors = []
+            for piece in bucket.pieces:
+                data = buffer[piece.bucket_offset : piece.bucket_offset + piece.nbytes]
+                if piece.nbytes == piece.tensor_nbytes:  # whole tensor: a view, no copy
+                    ready.append((piece.name, _as_tensor(data, piece)))
+                    continue
+                assembled = partial.setdefault(
+                    piece.name,
+                    torch.empty(piece.tensor_nbytes, dtype=torch.uint8, device=self.device),
+                )
+                assembled[piece.tensor_offset : piece.tensor_offset + piece.nbytes].copy_(data)
+                if piece.is_last:
+                    ready.append((piece.name, _as_tensor(partial.pop(piece.name), piece)))
+            try:
+                if ready:
+                    load(ready)
+            except Exception as error:
+                group.fail()
+                raise WeightSyncError(
+                    f"rank {self.rank} failed to load bucket {index} of version {plan.version}"
+                ) from error
+            if index + 2 < len(buckets):  # the buffer is free again: receive two ahead
+                in_flight[index + 2] = post(index + 2)
+        return SyncStats(
+            version=plan.version,
+            seconds=time.perf_counter() - start,
+            bytes=plan.total_bytes,
+            buckets=len(buckets),
+            tensors=plan.num_tensors,
+        )
+
+    def close(self) -> None:
+        self._group.close()
+        self._buffers = []
+
+
+def _as_tensor(data: torch.Tensor, piece: TensorPiece) -> torch.Tensor:
+    return data.view(dtype_from_name(piece.dtype)).view(piece.shape)
