@@ -266,6 +266,16 @@ def _fetch_kubectl(out: Path, key: str) -> None:
                     target.chmod(0o755)
 
 
+def _prune(bin_root: Path, current: str) -> None:
+    """Drop older entries of the same kind (each kube binary is >100 MB)."""
+    kind = current.split("-v", 1)[0] + "-v"
+    for old in bin_root.glob(f"{kind}*"):
+        if old.name != current and (old / COMPLETE).exists():
+            _log(f"removing stale {old.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(cache_dir() / "src" / old.name, ignore_errors=True)
+
+
 def ensure_binaries() -> Binaries:
     """Build or fetch whatever is missing from the cache and return the paths of all of it."""
     bin_root = cache_dir() / "bin"
@@ -283,6 +293,7 @@ def ensure_binaries() -> Binaries:
                     continue
                 _log(f"building {key} (cold builds take a while on a small machine)")
                 builders[what](staging, key)
+                _prune(bin_root, key)
     kube_dir = bin_root / keys["kube"]
     ray_dir = bin_root / keys["kuberay"]
     kubectl_dir = bin_root / keys["kubectl"]

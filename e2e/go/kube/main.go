@@ -125,6 +125,11 @@ func runKwok() int {
 	flagset.ParseErrorsAllowlist.UnknownFlags = true
 	flagset.Usage = func() {}
 
+	// k8s.io/component-base registers a global --version (a string-ish flag) that cobra
+	// would merge into kwok's command, clashing with kwok's boolean --version. Only kwok
+	// runs in this process, so start from an empty global flag set.
+	pflag.CommandLine = pflag.NewFlagSet(os.Args[0], pflag.ExitOnError)
+
 	ctx := kwoksignals.SetupSignalContext()
 	ctx, logger := kwoklog.InitFlags(ctx, flagset)
 	ctx, err := kwokconfig.InitFlags(ctx, flagset)

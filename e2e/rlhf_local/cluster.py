@@ -1,0 +1,574 @@
+"""Start, inspect and stop the local control plane.
+
+Public API (also used by ``rlhfjob local up|down``)::
+
+    up(*, timeout: float = 600.0, echo: bool = True) -> Path
+        Build missing binaries, start whatever is not running, install CRDs and fake nodes,
+        wait until every component is healthy and return the admin kubeconfig path. Calling
+        it on a running cluster only re-checks health and re-applies CRDs and nodes.
+    down(*, keep_data: bool = False, echo: bool = True) -> None
+        Stop every process `up` started (stand-in Ray clusters included), sweep orphans, and
+        delete etcd's data unless `keep_data`. Logs and certificates stay.
+    status() -> dict[str, int | None]
+        Pid of each component, or None when it is not running.
+    is_running() -> bool
+        True when every component runs and the API server answers /readyz.
+
+Processes run detached, in their own sessions, with output in ``<local dir>/logs/<name>.log``;
+see rlhf_local.paths for the directories and docs/local-cluster.md for the whole picture.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_local import pki, pools, procs
+from rlhf_local.build import Binaries, ensure_binaries
+from rlhf_local.paths import REPO_ROOT, kubeconfig_path, local_dir
+
+#: Start order; `down` stops in reverse.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "kuberay-operator",
+    "standin-ray",
+)
+PORT_NAMES = (
+    "etcd",
+    "etcd-peer",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "kuberay-metrics",
+    "kuberay-probe",
+)
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+FIELD_MANAGER = "rlhf-local"
+
+
+def _echo(enabled: bool, msg: str) -> None:
+    if enabled:
+        print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+class Layout:
+    """Paths inside the local state directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pki = root / "pki"
+        self.logs = root / "logs"
+        self.pids = root / "pids"
+        self.etcd_data = root / "etcd"
+        self.kubeconfigs = root / "kubeconfigs"
+        self.standin = root / "standin"
+        self.state = root / "cluster.json"
+        self.kubeconfig = kubeconfig_path()
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    def pid(self, name: str) -> Path:
+        return self.pids / f"{name}.pid"
+
+
+def ray_temp_root(root: Path | None = None) -> Path:
+    """Short per-cluster root for Ray's temp dirs: Ray's unix sockets allow ~107 characters."""
+    digest = hashlib.sha256(str(root or local_dir()).encode()).hexdigest()[:6]
+    return Path("/tmp") / f"rr-{digest}"
+
+
+def log_tail(name: str, lines: int = 40) -> str:
+    """Last lines of a component's log, for error messages and failing tests."""
+    path = Layout(local_dir()).log(name)
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return f"--- {path} (last {lines} lines) ---\n" + "\n".join(text[-lines:])
+
+
+class StartupError(RuntimeError):
+    """A component died while we waited for it: waiting longer cannot help."""
+
+
+def wait_until(
+    check: Callable[[], bool], timeout: float, what: str, logs: tuple[str, ...] = ()
+) -> None:
+    """Poll `check` until it holds; on timeout raise with the named components' log tails."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            if check():
+                return
+        except StartupError:
+            raise
+        except Exception:  # a component that is still starting may refuse connections
+            pass
+        if time.monotonic() > deadline:
+            tails = "\n".join(log_tail(n) for n in logs)
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+@contextlib.contextmanager
+def _lock(root: Path) -> Iterator[None]:
+    """One `up` or `down` at a time per state directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """Distinct free loopback ports (all sockets held open until every port is chosen)."""
+    socks = []
+    try:
+        for _ in names:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return {n: s.getsockname()[1] for n, s in zip(names, socks, strict=True)}
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _load_ports(lay: Layout) -> dict[str, int]:
+    """Ports chosen at the first `up` of this state dir, reused so kubeconfigs stay valid."""
+    with contextlib.suppress(OSError, ValueError):
+        ports = json.loads(lay.state.read_text())["ports"]
+        if set(PORT_NAMES) <= set(ports):
+            return {k: int(v) for k, v in ports.items()}
+    ports = _free_ports(PORT_NAMES)
+    lay.state.write_text(json.dumps({"ports": ports}, indent=2) + "\n")
+    return ports
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "rlhf-local",
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca)},
+            }
+        ],
+        "users": [
+            {
+                "name": "rlhf-local",
+                "user": {
+                    "client-certificate-data": _b64(cert),
+                    "client-key-data": _b64(key),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": "rlhf-local", "context": {"cluster": "rlhf-local", "user": "rlhf-local"}}
+        ],
+        "current-context": "rlhf-local",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def _kubeconfigs(lay: Layout, ports: dict[str, int]) -> dict[str, Path]:
+    server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    out = {}
+    for ident in pki.CLIENTS:
+        path = lay.kubeconfig if ident is pki.ADMIN else lay.kubeconfigs / f"{ident.stem}.yaml"
+        _write_kubeconfig(
+            path,
+            server,
+            lay.pki / "ca.crt",
+            lay.pki / f"{ident.stem}.crt",
+            lay.pki / f"{ident.stem}.key",
+        )
+        out[ident.stem] = path
+    return out
+
+
+def _argv(
+    name: str, bins: Binaries, lay: Layout, ports: dict[str, int], kcfg: dict[str, Path]
+) -> list[str]:
+    """Command line of each component. Flags follow envtest's and kubeadm's defaults."""
+    p = lay.pki
+    admin = str(kcfg["admin"])
+    if name == "etcd":
+        return [
+            str(bins.kube),
+            "etcd",
+            f"--data-dir={lay.etcd_data}",
+            f"--listen-client-urls=http://127.0.0.1:{ports['etcd']}",
+            f"--listen-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
+        ]
+    if name == "kube-apiserver":
+        return [
+            str(bins.kube),
+            "kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['kube-apiserver']}",
+            f"--tls-cert-file={p / 'apiserver.crt'}",
+            f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={p / 'sa.pub'}",
+            f"--service-account-signing-key-file={p / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            # The lease reconciler would try to publish 127.0.0.1 as the `kubernetes`
+            # Service's endpoint, which Endpoints validation rejects (loopback).
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            f"--cert-dir={p}",
+        ]
+    if name in ("kube-controller-manager", "kube-scheduler"):
+        own = str(kcfg[name])
+        common = [
+            str(bins.kube),
+            name,
+            f"--kubeconfig={own}",
+            f"--authentication-kubeconfig={own}",
+            f"--authorization-kubeconfig={own}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports[name]}",
+            "--leader-elect=false",
+            "--profiling=false",
+        ]
+        if name == "kube-scheduler":
+            return common
+        return [
+            *common,
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={p / 'sa.key'}",
+            f"--root-ca-file={p / 'ca.crt'}",
+            f"--cluster-signing-cert-file={p / 'ca.crt'}",
+            f"--cluster-signing-key-file={p / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--cert-dir={lay.root / 'kcm-certs'}",
+        ]
+    if name == "kwok":
+        return [
+            str(bins.kube),
+            "kwok",
+            f"--kubeconfig={admin}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={pools.KWOK_ANNOTATION}=fake",
+            "--node-lease-duration-seconds=40",
+            "--cidr=10.244.0.0/16",
+            "--node-ip=10.0.0.1",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            *(f"--config={s}" for s in bins.kwok_stages),
+        ]
+    if name == "kuberay-operator":
+        return [
+            str(bins.ray_operator),
+            f"--kubeconfig={admin}",
+            "--enable-leader-election=false",
+            f"--metrics-addr=127.0.0.1:{ports['kuberay-metrics']}",
+            f"--health-probe-bind-address=127.0.0.1:{ports['kuberay-probe']}",
+            "--log-stdout-encoder=console",
+        ]
+    if name == "standin-ray":
+        return [
+            sys.executable,
+            "-m",
+            "rlhf_local.standin",
+            f"--kubeconfig={admin}",
+            f"--state-dir={lay.standin}",
+            f"--temp-root={ray_temp_root(lay.root)}",
+            f"--log-dir={lay.logs / 'ray'}",
+        ]
+    raise ValueError(name)
+
+
+def _env() -> dict[str, str]:
+    """Children get our environment with the venv's bin first (the stand-in runs `ray`)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("KUBECONFIG", None)
+    return env
+
+
+def _get(url: str, ctx: ssl.SSLContext | None = None) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=ctx) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+def _admin_ssl(lay: Layout) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(lay.pki / "ca.crt"))
+    ctx.load_cert_chain(str(lay.pki / "admin.crt"), str(lay.pki / "admin.key"))
+    return ctx
+
+
+def _insecure_ssl() -> ssl.SSLContext:
+    """Scheduler and controller manager serve /healthz with a self-signed certificate."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _health_checks(lay: Layout, ports: dict[str, int]) -> dict[str, Callable[[], bool]]:
+    def ok(url: str, ctx: ssl.SSLContext | None = None) -> Callable[[], bool]:
+        return lambda: _get(url, ctx)[0] == 200
+
+    api = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    return {
+        "etcd": lambda: '"true"' in _get(f"http://127.0.0.1:{ports['etcd']}/health")[1],
+        "kube-apiserver": lambda: _get(f"{api}/readyz", _admin_ssl(lay))[0] == 200,
+        "kube-controller-manager": ok(
+            f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz", _insecure_ssl()
+        ),
+        "kube-scheduler": ok(
+            f"https://127.0.0.1:{ports['kube-scheduler']}/healthz", _insecure_ssl()
+        ),
+        "kwok": ok(f"http://127.0.0.1:{ports['kwok']}/healthz"),
+        "kuberay-operator": ok(f"http://127.0.0.1:{ports['kuberay-probe']}/readyz"),
+        "standin-ray": lambda: (lay.standin / "ready").exists(),
+    }
+
+
+@functools.cache
+def binaries() -> Binaries:
+    """The cached binaries, built on first use in this process."""
+    return ensure_binaries()
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
+    """Run the cached kubectl against the local cluster and return its stdout."""
+    cmd = [str(binaries().kubectl), f"--kubeconfig={kubeconfig_path()}", *args]
+    out = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:1] + list(args))} failed:\n{out.stderr}")
+    return out.stdout
+
+
+def _apply_server_side(files: list[Path] | None = None, stdin: str | None = None) -> None:
+    args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}"]
+    if files:
+        for f in files:
+            kubectl(*args, "-f", str(f))
+    if stdin is not None:
+        kubectl(*args, "-f", "-", stdin=stdin)
+
+
+def _install_crds(bins: Binaries, echo: bool) -> None:
+    """KubeRay's CRDs and every CRD in the repo's crds/ (all server-side: they are large).
+
+    A repo CRD the API server rejects is reported but does not stop `up`: the cluster is
+    still useful, and the tests of that CRD fail with the API server's reason.
+    """
+    _apply_server_side(list(bins.kuberay_crds))
+    for crd in sorted((REPO_ROOT / "crds").glob("*.yaml")):
+        try:
+            _apply_server_side([crd])
+        except RuntimeError as err:
+            _echo(True, f"WARNING: the API server rejected {crd.name}: {err}")
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+
+def _nodes_ready() -> bool:
+    data = json.loads(kubectl("get", "nodes", "-o", "json"))
+    want = {n["metadata"]["name"] for n in pools.node_manifests()}
+    ready = {
+        item["metadata"]["name"]
+        for item in data["items"]
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in item.get("status", {}).get("conditions", [])
+        )
+    }
+    return want <= ready
+
+
+def _start_missing(
+    names: tuple[str, ...],
+    bins: Binaries,
+    lay: Layout,
+    ports: dict[str, int],
+    kcfg: dict[str, Path],
+    echo: bool,
+) -> None:
+    for name in names:
+        if procs.running(lay.pid(name)) is not None:
+            continue
+        if name == "standin-ray":
+            (lay.standin / "ready").unlink(missing_ok=True)
+        _echo(echo, f"starting {name}")
+        procs.start(
+            name,
+            _argv(name, bins, lay, ports, kcfg),
+            log_dir=lay.logs,
+            pid_dir=lay.pids,
+            env=_env(),
+            cwd=lay.root,
+        )
+
+
+def _wait_healthy(
+    names: tuple[str, ...], checks: dict[str, Callable[[], bool]], lay: Layout, timeout: float
+) -> None:
+    for name in names:
+
+        def healthy(name: str = name) -> bool:
+            if procs.running(lay.pid(name)) is None:
+                raise StartupError(f"{name} exited during startup\n{log_tail(name)}")
+            return checks[name]()
+
+        wait_until(healthy, timeout, f"{name} to become healthy", logs=(name,))
+
+
+def up(*, timeout: float = 600.0, echo: bool = True) -> Path:
+    """Bring the local cluster up (idempotent); return the admin kubeconfig path."""
+    started = time.monotonic()
+    bins = binaries()
+    lay = Layout(local_dir())
+    with _lock(lay.root):
+        ports = _load_ports(lay)
+        pki.ensure_pki(lay.pki, SERVICE_IP)
+        kcfg = _kubeconfigs(lay, ports)
+        checks = _health_checks(lay, ports)
+
+        core = COMPONENTS[:5]
+        _start_missing(core[:1], bins, lay, ports, kcfg, echo)
+        _wait_healthy(core[:1], checks, lay, timeout)
+        _start_missing(core[1:2], bins, lay, ports, kcfg, echo)
+        _wait_healthy(core[1:2], checks, lay, timeout)
+        _start_missing(core[2:], bins, lay, ports, kcfg, echo)
+        _install_crds(bins, echo)
+        _apply_server_side(stdin=yaml.safe_dump_all(pools.node_manifests()))
+        _start_missing(COMPONENTS[5:], bins, lay, ports, kcfg, echo)
+        _wait_healthy(COMPONENTS[2:], checks, lay, timeout)
+        wait_until(_nodes_ready, timeout, "fake nodes to become Ready", logs=("kwok",))
+        wait_until(
+            lambda: bool(kubectl("get", "serviceaccount", "default", "-o", "name", check=False)),
+            timeout,
+            "the default ServiceAccount (controller manager)",
+            logs=("kube-controller-manager",),
+        )
+    _echo(echo, f"up in {time.monotonic() - started:.1f}s; logs in {lay.logs}")
+    _echo(echo, f"export KUBECONFIG={lay.kubeconfig}")
+    return lay.kubeconfig
+
+
+def status() -> dict[str, int | None]:
+    """Pid of each component, None when it is not running."""
+    lay = Layout(local_dir())
+    return {name: procs.running(lay.pid(name)) for name in COMPONENTS}
+
+
+def is_running() -> bool:
+    """Every component runs and the API server is ready."""
+    lay = Layout(local_dir())
+    if any(pid is None for pid in status().values()):
+        return False
+    try:
+        ports = json.loads(lay.state.read_text())["ports"]
+        return _health_checks(lay, ports)["kube-apiserver"]()
+    except (OSError, ValueError, KeyError, urllib.error.URLError):
+        return False
+
+
+def _orphans(lay: Layout) -> list[int]:
+    """Processes of this cluster that no pid file names any more (e.g. after a crash)."""
+    found = set(procs.find_by_cmdline(str(ray_temp_root(lay.root))))
+    for pid in procs.find_by_cmdline(str(lay.root)):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        exe = cmdline[0].decode(errors="replace")
+        if exe.endswith(("/kube", "/ray-operator")) or b"rlhf_local.standin" in cmdline:
+            found.add(pid)
+    return sorted(found)
+
+
+def down(*, keep_data: bool = False, echo: bool = True) -> None:
+    """Stop everything `up` started, sweep orphans, and drop etcd data unless `keep_data`."""
+    lay = Layout(local_dir())
+    with _lock(lay.root):
+        for name in reversed(COMPONENTS):
+            # The stand-in tears its Ray clusters down on SIGTERM; give it time for that.
+            if procs.stop(lay.pid(name), grace=30.0 if name == "standin-ray" else 15.0):
+                _echo(echo, f"stopped {name}")
+        orphans = _orphans(lay)
+        if orphans:
+            _echo(echo, f"killing {len(orphans)} leftover processes: {orphans}")
+            procs.kill_pids(orphans)
+        shutil.rmtree(ray_temp_root(lay.root), ignore_errors=True)
+        shutil.rmtree(lay.standin, ignore_errors=True)
+        if not keep_data:
+            shutil.rmtree(lay.etcd_data, ignore_errors=True)
+
+
+def _print_status() -> None:
+    for name, pid in status().items():
+        print(f"{name:26} {'running, pid ' + str(pid) if pid else 'stopped'}")
+    print(f"kubeconfig: {kubeconfig_path()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rlhf_local {build|up|down|status}`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="rlhf_local", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build", help="build or fetch every binary into the cache")
+    sub.add_parser("up", help="start the cluster (idempotent)")
+    d = sub.add_parser("down", help="stop the cluster")
+    d.add_argument("--keep-data", action="store_true", help="keep etcd's data")
+    sub.add_parser("status", help="show which components run")
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        bins = binaries()
+        for field, value in vars(bins).items():
+            shown: Any = value if isinstance(value, Path) else f"{len(value)} files"
+            print(f"{field:14} {shown}")
+    elif args.cmd == "up":
+        print(up())
+    elif args.cmd == "down":
+        down(keep_data=args.keep_data)
+    else:
+        _print_status()
+    return 0

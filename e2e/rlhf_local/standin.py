@@ -1,0 +1,467 @@
+"""Stand-in Ray: a real local Ray cluster behind every ready KubeRay RayCluster.
+
+Dev and test tooling only. KWOK pods run no processes, so without this a RayCluster in the
+local cluster would be an empty shell. The stand-in runs a level-triggered loop over all
+RayClusters and their pods:
+
+* a RayCluster whose ``status.state`` is ``ready`` and whose head pod is Ready gets a Ray
+  head (``ray start --head``, own ports and temp dir, dashboard on 127.0.0.1); the dashboard
+  URL is published as the annotation ``rlhf.dev/dashboard-address`` and the GCS address as
+  ``rlhf.dev/gcs-address``;
+* every Ready worker pod gets one Ray node that joins that head and advertises its group's
+  ``rayStartParams`` (``num-cpus``, ``resources``, ``memory``), with 0 GPUs since there are none;
+* a worker pod that is deleted (or terminating) loses its Ray node, so Ray reports it dead;
+  a replacement pod gets a new node;
+* a deleted head pod, a new head pod, or a deleted RayCluster tears the whole Ray cluster
+  down (and clears the annotations); a new head pod then gets a new Ray cluster.
+
+Each Ray node is one ``ray start --block`` process in its own session, so killing its process
+group takes the raylet and its workers with it. Every Ray path lives under ``--temp-root`` so
+`down` can sweep leftovers. Run as ``python -m rlhf_local.standin --kubeconfig ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+DASHBOARD_ANNOTATION = "rlhf.dev/dashboard-address"
+GCS_ANNOTATION = "rlhf.dev/gcs-address"
+RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayclusters"
+#: Per-node object store: Ray's default (30% of RAM per node) would not fit many nodes here.
+OBJECT_STORE_BYTES = int(os.environ.get("RLHF_STANDIN_OBJECT_STORE_BYTES", 100 * 1024 * 1024))
+HEAD_START_TIMEOUT = 120.0
+POLL_SECONDS = 1.0
+
+log = logging.getLogger("standin")
+
+
+def parse_resources(value: str) -> dict[str, float]:
+    """Decode KubeRay's ``resources`` start param, e.g. ``'"{\\"trainer\\": 1}"'``.
+
+    KubeRay passes the value to ``ray start --resources=<value>`` through a shell, so users
+    write JSON wrapped in a quoted string; accept that, plain JSON, and unescaped quoting.
+    """
+    v: Any = value.strip()
+    for _ in range(3):
+        if isinstance(v, dict):
+            return {str(k): float(x) for k, x in v.items()}
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError:
+            if isinstance(v, str) and len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+                v = v[1:-1].replace('\\"', '"')
+                continue
+            raise
+    raise ValueError(f"cannot parse rayStartParams resources {value!r}")
+
+
+def _num(value: str | None, default: int) -> int:
+    if value is None:
+        return default
+    return int(float(str(value).strip().strip("'\"")))
+
+
+@dataclass
+class NodeParams:
+    """What one Ray node advertises, from its group's ``rayStartParams``."""
+
+    num_cpus: int
+    resources: dict[str, float]
+    memory: int | None = None
+
+    @classmethod
+    def from_start_params(cls, params: dict[str, str], default_cpus: int) -> NodeParams:
+        resources = parse_resources(params["resources"]) if "resources" in params else {}
+        memory = _num(params.get("memory"), 0) or None
+        return cls(_num(params.get("num-cpus"), default_cpus), resources, memory)
+
+    def args(self) -> list[str]:
+        out = [f"--num-cpus={self.num_cpus}", "--num-gpus=0"]
+        if self.resources:
+            out.append(f"--resources={json.dumps(self.resources)}")
+        if self.memory:
+            out.append(f"--memory={self.memory}")
+        return out
+
+
+@dataclass
+class RayNode:
+    """One `ray start --block` process group standing in for one pod."""
+
+    pod: str
+    pod_uid: str
+    group: str
+    pid: int
+    params: NodeParams
+
+    def alive(self) -> bool:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat[stat.rindex(")") + 2] not in "ZX"
+
+    def kill(self, grace: float = 5.0) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + grace
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not self.alive():
+                break
+        # Survivors that left the group (Ray workers are in it, but be thorough).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+@dataclass
+class LocalRay:
+    """The Ray cluster standing in for one RayCluster (identified by its uid)."""
+
+    namespace: str
+    name: str
+    uid: str
+    head_pod_uid: str
+    temp_dir: Path
+    gcs_port: int
+    dashboard_port: int
+    head: RayNode
+    workers: dict[str, RayNode] = field(default_factory=dict)
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def gcs(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _pod_ready(pod: Any) -> bool:
+    if pod.metadata.deletion_timestamp is not None or pod.status.phase != "Running":
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+class StandIn:
+    """Reconciles RayClusters and their pods against the local Ray processes it runs."""
+
+    def __init__(self, temp_root: Path, state_dir: Path, log_dir: Path) -> None:
+        self.custom = client.CustomObjectsApi()
+        self.core = client.CoreV1Api()
+        self.temp_root = temp_root
+        self.state_dir = state_dir
+        self.log_dir = log_dir
+        self.clusters: dict[str, LocalRay] = {}
+        self.failures: dict[str, float] = {}  # uid -> time of last failed head start
+        self.stopping = threading.Event()
+        self._seq = 0
+
+    # --- processes -------------------------------------------------------------------
+
+    def _spawn(self, label: str, argv: list[str]) -> int:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        with (self.log_dir / f"{label}.log").open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+        return proc.pid
+
+    def _ray(self) -> str:
+        ray = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+        return ray
+
+    def _start_head(self, rc: dict[str, Any], head_pod: Any) -> LocalRay:
+        meta = rc["metadata"]
+        self._seq += 1
+        temp_dir = self.temp_root / f"{self._seq}"
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        temp_dir.mkdir(parents=True)
+        gcs, dash, client_port, agent, metrics = _free_ports(5)
+        head_spec = rc["spec"].get("headGroupSpec", {})
+        params = NodeParams.from_start_params(head_spec.get("rayStartParams") or {}, 1)
+        argv = [
+            self._ray(),
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            f"--port={gcs}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            f"--ray-client-server-port={client_port}",
+            f"--dashboard-agent-listen-port={agent}",
+            f"--metrics-export-port={metrics}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            f"--temp-dir={temp_dir}",
+            *params.args(),
+        ]
+        label = f"{meta['namespace']}.{meta['name']}.head"
+        log.info("starting Ray head for %s/%s: %s", meta["namespace"], meta["name"], argv)
+        pid = self._spawn(label, argv)
+        head = RayNode(head_pod.metadata.name, head_pod.metadata.uid, "head", pid, params)
+        local = LocalRay(
+            meta["namespace"],
+            meta["name"],
+            meta["uid"],
+            head_pod.metadata.uid,
+            temp_dir,
+            gcs,
+            dash,
+            head,
+        )
+        deadline = time.monotonic() + HEAD_START_TIMEOUT
+        while True:
+            if not head.alive():
+                raise RuntimeError(f"Ray head for {label} exited; see {self.log_dir}/{label}.log")
+            try:
+                with urllib.request.urlopen(f"{local.dashboard}/api/version", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.stopping.is_set():
+                head.kill()
+                raise RuntimeError(f"Ray head for {label} not ready in {HEAD_START_TIMEOUT}s")
+            time.sleep(0.25)
+        return local
+
+    def _start_worker(self, local: LocalRay, pod: Any, params: NodeParams) -> RayNode:
+        agent, metrics = _free_ports(2)
+        argv = [
+            self._ray(),
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            f"--address={local.gcs}",
+            f"--dashboard-agent-listen-port={agent}",
+            f"--metrics-export-port={metrics}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            f"--temp-dir={local.temp_dir}",
+            *params.args(),
+        ]
+        group = pod.metadata.labels.get("ray.io/group", "")
+        log.info(
+            "starting Ray node for pod %s/%s (%s)", pod.metadata.namespace, pod.metadata.name, group
+        )
+        pid = self._spawn(f"{local.namespace}.{local.name}.{pod.metadata.name}", argv)
+        return RayNode(pod.metadata.name, pod.metadata.uid, group, pid, params)
+
+    # --- API ---------------------------------------------------------------------------
+
+    def _annotate(self, local: LocalRay, publish: bool) -> None:
+        value = {
+            DASHBOARD_ANNOTATION: local.dashboard if publish else None,
+            GCS_ANNOTATION: local.gcs if publish else None,
+        }
+        try:
+            self.custom.patch_namespaced_custom_object(
+                RAY_GROUP,
+                RAY_VERSION,
+                local.namespace,
+                RAY_PLURAL,
+                local.name,
+                {"metadata": {"annotations": value}},
+            )
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
+
+    def teardown(self, uid: str, reason: str) -> None:
+        local = self.clusters.pop(uid, None)
+        if local is None:
+            return
+        log.info("tearing down Ray cluster of %s/%s: %s", local.namespace, local.name, reason)
+        for node in local.workers.values():
+            node.kill()
+        local.head.kill()
+        shutil.rmtree(local.temp_dir, ignore_errors=True)
+        try:
+            self._annotate(local, publish=False)
+        except Exception as err:  # the API may already be gone during shutdown
+            log.warning(
+                "could not clear annotations of %s/%s: %s", local.namespace, local.name, err
+            )
+
+    def reconcile(self) -> None:
+        """One pass: compare RayClusters and pods with running Ray processes and fix it."""
+        rcs = self.custom.list_cluster_custom_object(RAY_GROUP, RAY_VERSION, RAY_PLURAL)["items"]
+        pods = self.core.list_pod_for_all_namespaces(label_selector="ray.io/cluster").items
+        by_cluster: dict[tuple[str, str], list[Any]] = {}
+        for pod in pods:
+            key = (pod.metadata.namespace, pod.metadata.labels["ray.io/cluster"])
+            by_cluster.setdefault(key, []).append(pod)
+
+        seen = set()
+        for rc in rcs:
+            meta = rc["metadata"]
+            uid = meta["uid"]
+            seen.add(uid)
+            if meta.get("deletionTimestamp"):
+                self.teardown(uid, "RayCluster is being deleted")
+                continue
+            cluster_pods = by_cluster.get((meta["namespace"], meta["name"]), [])
+            self._reconcile_cluster(rc, cluster_pods)
+        for uid in list(self.clusters):
+            if uid not in seen:
+                self.teardown(uid, "RayCluster deleted")
+        self._write_state()
+
+    def _reconcile_cluster(self, rc: dict[str, Any], pods: list[Any]) -> None:
+        meta = rc["metadata"]
+        uid = meta["uid"]
+        heads = [
+            p for p in pods if p.metadata.labels.get("ray.io/node-type") == "head" and _pod_ready(p)
+        ]
+        head_pod = heads[0] if heads else None
+        local = self.clusters.get(uid)
+        if local is not None:
+            if head_pod is None or head_pod.metadata.uid != local.head_pod_uid:
+                self.teardown(uid, "head pod deleted or replaced")
+                local = None
+            elif not local.head.alive():
+                self.teardown(uid, "Ray head process exited")
+                local = None
+        if local is None:
+            state = (rc.get("status") or {}).get("state")
+            if state != "ready" or head_pod is None:
+                return
+            if time.monotonic() - self.failures.get(uid, -1e9) < 30:
+                return
+            try:
+                local = self._start_head(rc, head_pod)
+            except RuntimeError as err:
+                log.error("%s", err)
+                self.failures[uid] = time.monotonic()
+                return
+            self.clusters[uid] = local
+            self._annotate(local, publish=True)
+            log.info("Ray cluster for %s/%s at %s", local.namespace, local.name, local.dashboard)
+
+        groups = {
+            g.get("groupName", ""): g.get("rayStartParams") or {}
+            for g in rc["spec"].get("workerGroupSpecs") or []
+        }
+        live = {
+            p.metadata.uid: p
+            for p in pods
+            if p.metadata.labels.get("ray.io/node-type") == "worker" and _pod_ready(p)
+        }
+        for pod_uid, node in list(local.workers.items()):
+            if pod_uid not in live:
+                log.info("pod %s gone: killing its Ray node", node.pod)
+                node.kill()
+                del local.workers[pod_uid]
+            elif not node.alive():
+                log.warning("Ray node of pod %s exited on its own", node.pod)
+        for pod_uid, pod in live.items():
+            if pod_uid in local.workers:
+                continue
+            group = pod.metadata.labels.get("ray.io/group", "")
+            params = NodeParams.from_start_params(groups.get(group, {}), 1)
+            local.workers[pod_uid] = self._start_worker(local, pod, params)
+
+    def _write_state(self) -> None:
+        """Publish what runs where, for `down`, tests and curious humans."""
+        state = {
+            f"{c.namespace}/{c.name}": {
+                "dashboard": c.dashboard,
+                "gcs": c.gcs,
+                "temp_dir": str(c.temp_dir),
+                "head": asdict(c.head),
+                "workers": {n.pod: asdict(n) for n in c.workers.values()},
+            }
+            for c in self.clusters.values()
+        }
+        tmp = self.state_dir / "clusters.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
+        tmp.replace(self.state_dir / "clusters.json")
+
+    def run(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        ready = self.state_dir / "ready"
+        while not self.stopping.is_set():
+            try:
+                self.reconcile()
+                if not ready.exists():
+                    ready.write_text(f"{os.getpid()}\n")
+            except Exception:
+                log.exception("reconcile failed; retrying")
+            self.stopping.wait(POLL_SECONDS)
+        for uid in list(self.clusters):
+            self.teardown(uid, "stand-in stopping")
+        self._write_state()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Stand-in Ray for the local cluster")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--temp-root", type=Path, required=True)
+    parser.add_argument("--log-dir", type=Path, required=True, help="one log per Ray node")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout
+    )
+    config.load_kube_config(config_file=args.kubeconfig)
+    standin = StandIn(args.temp_root, args.state_dir, args.log_dir)
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        standin.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    standin.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
