@@ -114,6 +114,7 @@ def build_causal_lm(source: ModelSource, device: torch.device | str = "cpu") -> 
             torch.manual_seed(source.seed)
             model = AutoModelForCausalLM.from_config(hf_config(source.config), dtype=dtype)
     else:
+        assert source.path is not None
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
     return model.to(device).eval()
 
@@ -471,6 +472,7 @@ class VLLMWorkerExtension:
 
     device: torch.device
     model_runner: Any
+    _rlhf_receiver: WeightSyncReceiver | None
 
     def rlhf_init_weight_sync(self, info: dict[str, Any], first_rank: int) -> int:
         from vllm.distributed.parallel_state import get_world_group

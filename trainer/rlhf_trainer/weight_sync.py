@@ -382,9 +382,9 @@ class _Group:
                 # NCCL connects lazily in the first collective (the handshake below). Its own
                 # watchdog timeout is kept longer than our waits, so we raise (and abort the
                 # communicator) before the watchdog would tear the process down.
-                self.pg = dist.ProcessGroupNCCL(
-                    prefixed, rank, info.world_size, timedelta(seconds=2 * info.timeout_s + 60)
-                )
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timedelta(seconds=2 * info.timeout_s + 60)
+                self.pg = dist.ProcessGroupNCCL(prefixed, rank, info.world_size, options)
             else:
                 raise ValueError(f"unknown weight-sync backend {info.backend!r}")
             self._handshake()
