@@ -38,8 +38,11 @@ SHORT_NAMES = ["rlhf"]
 MAX_NAME_LENGTH = 63
 """A job's name labels its pods and names its Lease, so it must be a valid label value."""
 
-# Kubernetes resource quantities ("500m", "16Gi", 2). The same regex the API server uses.
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+_QUANTITY = re.compile(cel.QUANTITY_PATTERN)
+_QUANTITY_RULE = CelRule(
+    "type(self) == int || isQuantity(self)",
+    "must be a Kubernetes quantity (for example 500m, 4, 16Gi)",
+)
 
 
 def _check_quantity(value: int | str) -> int | str:
@@ -48,13 +51,16 @@ def _check_quantity(value: int | str) -> int | str:
     return value
 
 
+# A structural schema allows only this exact anyOf for int-or-string; the syntax check of the
+# string form therefore is a CEL rule (isQuantity) rather than a pattern.
 Quantity = Annotated[
     int | str,
     AfterValidator(_check_quantity),
     WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer"}, {"type": "string", "pattern": _QUANTITY.pattern}],
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-validations": [_QUANTITY_RULE.to_schema()],
         }
     ),
 ]

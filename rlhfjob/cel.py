@@ -8,6 +8,7 @@ Transition rules (those that use `oldSelf`) only exist on the server: a file has
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -51,10 +52,19 @@ def immutable(field: str) -> CelRule:
     )
 
 
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+"""Kubernetes' resource quantity syntax ("500m", "16Gi")."""
+
+
+def _is_quantity(value: Any) -> celtypes.BoolType:
+    """Kubernetes' CEL `isQuantity()`, which cel-python lacks."""
+    return celtypes.BoolType(isinstance(value, str) and bool(re.match(QUANTITY_PATTERN, value)))
+
+
 @cache
 def _program(rule: str) -> celpy.Runner:
     env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return env.program(env.compile(rule), functions={"isQuantity": _is_quantity})
 
 
 def holds(rule: CelRule, obj: dict[str, Any]) -> bool:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import yaml
 
 from rlhfjob import api
@@ -86,18 +87,6 @@ def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any
         else:
             out[key] = value
 
-    if out.get("type") == "object" and "properties" in out:
-        required = set(out.get("required", []))
-        for name, prop in out["properties"].items():
-            # Sub-objects with defaults of their own must exist for the server to default them.
-            if (
-                name not in required
-                and prop.get("type") == "object"
-                and "properties" in prop
-                and not prop.get("nullable")
-                and "default" not in prop
-            ):
-                prop["default"] = {}
     if out.get("type") == "array" and "default" in out and out["default"] == []:
         del out["default"]
     if out.get("type") == "object" and out.get("default") == {} and "properties" not in out:
@@ -105,9 +94,30 @@ def to_structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any
     return out
 
 
+def add_section_defaults(model: type[pydantic.BaseModel], node: dict[str, Any]) -> None:
+    """Defaulted sub-objects (`liveness: {}` and the like) get their full default object.
+
+    The server applies nested defaults only inside an object that exists, and it checks each
+    default against the CEL rules as written, so `default: {}` would not do.
+    """
+    for name, field in model.model_fields.items():
+        prop = node.get("properties", {}).get(field.alias or name)
+        if prop is None:
+            continue
+        if field.default_factory is not None:
+            value = field.default_factory()  # type: ignore[call-arg]
+            if isinstance(value, api.ApiModel):
+                prop["default"] = value.wire()
+        nested = field.annotation
+        if isinstance(nested, type) and issubclass(nested, pydantic.BaseModel):
+            add_section_defaults(nested, prop)
+
+
 def _model_schema(model: type[api.ApiModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return to_structural(raw, raw.get("$defs", {}))
+    schema = to_structural(raw, raw.get("$defs", {}))
+    add_section_defaults(model, schema)
+    return schema
 
 
 def build_crd() -> dict[str, Any]:

@@ -66,7 +66,8 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
         variants = [v for v in schema["anyOf"] if isinstance(value, _TYPES[v["type"]])]
         if not variants:
             return [f"{path}: must be an integer or a string"]
-        return _check_scalar(variants[0], value, path)
+        errors = _check_scalar(variants[0], value, path)
+        return errors or _check_rules(schema, value, path)
     expected = schema.get("type")
     if expected and (
         not isinstance(value, _TYPES[expected])
@@ -93,11 +94,17 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
         for index, item in enumerate(value):
             errors += validate(schema.get("items", {}), item, f"{path}[{index}]")
     if not errors:  # the server skips CEL on nodes whose schema already failed
-        for entry in schema.get("x-kubernetes-validations", []):
-            rule = CelRule(entry["rule"], entry["message"], entry.get("fieldPath"))
-            if not rule.is_transition and not holds(rule, value):
-                blamed = f"{path}{rule.field_path or ''}".lstrip(".")
-                errors.append(f"{blamed}: Invalid value: {rule.message}")
+        errors = _check_rules(schema, value, path)
+    return errors
+
+
+def _check_rules(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    errors = []
+    for entry in schema.get("x-kubernetes-validations", []):
+        rule = CelRule(entry["rule"], entry["message"], entry.get("fieldPath"))
+        if not rule.is_transition and not holds(rule, value):
+            blamed = f"{path}{rule.field_path or ''}".lstrip(".")
+            errors.append(f"{blamed}: Invalid value: {rule.message}")
     return errors
 
 

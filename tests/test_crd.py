@@ -66,8 +66,8 @@ def test_optional_fields_are_nullable_and_quantities_int_or_string(crd: dict[str
     trainer = spec["roles"]["properties"]["trainer"]["properties"]
     assert trainer["cpu"]["x-kubernetes-int-or-string"] is True
     assert trainer["affinity"]["x-kubernetes-preserve-unknown-fields"] is True
-    # Nested defaults only apply when the parent exists, so defaulted parents default to {}.
-    assert spec["liveness"]["default"] == {}
+    # Nested defaults only apply when the parent exists, so defaulted parents are spelled out.
+    assert spec["liveness"]["default"]["heartbeatTimeoutSeconds"] == 60
 
 
 def test_status_subresource_and_printer_columns(crd: dict[str, Any]) -> None:
