@@ -3,6 +3,7 @@
     rlhfjob crd                    print the RLHFJob CustomResourceDefinition
     rlhfjob validate FILE...       check job files against the API's schema and rules
     rlhfjob render FILE            print the RayCluster and ConfigMap the operator would apply
+    rlhfjob train --config FILE    run the trainer driver (also the Ray job entrypoint)
     rlhfjob operator               run the operator
     rlhfjob demo                   the local demo (see README)
 
@@ -16,6 +17,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from rlhf_trainer.driver import add_arguments as add_train_arguments  # light: torch loads later
 from rlhfjob.config import InvalidJobError, load_job
 
 
@@ -66,6 +68,12 @@ def _operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from rlhf_trainer import driver
+
+    return driver.main(args)
+
+
 def _demo(_: argparse.Namespace) -> int:
     # Placeholder until the operator and trainer land: validate and render the tiny example.
     from rlhfjob.crdgen import REPO_ROOT
@@ -99,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timer-interval", type=float, default=5.0, help="seconds between re-reads of each job"
     )
     operator.add_argument("--verbose", action="store_true")
+    add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))
     command("demo", _demo, "run the local demo")
     return parser
 

@@ -68,7 +68,7 @@ def spec() -> RLHFJobSpec:
 
 @pytest.fixture(scope="module")
 def group(local_ray, spec):
-    workers = WorkerGroup(PolicyWorker, spec, "trainer", spec.roles.trainer, 10)
+    workers = WorkerGroup(PolicyWorker, spec, "trainer", spec.roles.trainer, 10).wait_ready()
     yield workers
     workers.shutdown()
 

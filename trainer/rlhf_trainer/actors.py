@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from torch import Tensor, nn
 
 from rlhf_trainer import algorithms as alg
 from rlhf_trainer import checkpoint as ckpt
+from rlhf_trainer import weight_sync as ws
 from rlhf_trainer.batch import Batch, ShardPlan
 from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
 from rlhf_trainer.zero import deepspeed_config, lr_multiplier
@@ -41,6 +41,8 @@ DIST_TIMEOUT = timedelta(minutes=10)
 """How long a collective may wait for a peer before the group fails (a dead rank, not a hang)."""
 DEEPSPEED_TAG = "zero"
 """Tag of the one DeepSpeed checkpoint each role writes into its checkpoint sub-directory."""
+CPU_SYNC_BUCKET_BYTES = 1 << 20
+"""Weight-sync bucket size on the CPU (GPUs use `weight_sync.DEFAULT_BUCKET_BYTES`)."""
 
 
 def free_port() -> int:
@@ -195,27 +197,6 @@ def _sequence_logprobs(
     return torch.cat(parts).cpu()
 
 
-def gathered_parameters(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """Every parameter at full size, gathering one module's own parameters at a time.
-
-    All ranks must iterate in step (each gather is a collective); every rank sees the full
-    tensors, valid only until the next item is requested. A tied parameter is yielded once,
-    under its first name (as `named_parameters` reports it).
-    """
-    import deepspeed
-
-    names = {id(param): name for name, param in module.named_parameters()}
-    seen: set[int] = set()
-    for submodule in module.modules():
-        own = [p for p in submodule.parameters(recurse=False) if id(p) not in seen]
-        if not own:
-            continue
-        seen.update(id(p) for p in own)
-        with deepspeed.zero.GatheredParameters(own):
-            for param in own:
-                yield names[id(param)], param.data
-
-
 class PolicyWorker(ZeroWorker):
     """A policy rank: log-probs, the clipped-surrogate update, weights for sync, checkpoints.
 
@@ -317,17 +298,39 @@ class PolicyWorker(ZeroWorker):
         """Parameter elements this rank stores: its ZeRO-3 shard, not the whole model."""
         return sum(param.ds_tensor.numel() for param in self.engine.module.parameters())
 
-    def parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
-        """Full parameters one module at a time (every rank must drain this in step)."""
-        return gathered_parameters(self.engine.module)
-
     def state_dict(self) -> dict[str, Tensor] | None:
         """All full parameters, copied, on rank 0 (None on the others). Every rank must call it."""
         gathered = {}
-        for name, tensor in self.parameters_for_sync():
+        for name, tensor in ws.iter_zero3_parameters(self.engine.module):
             if self.rank == 0:
                 gathered[name] = tensor.detach().to("cpu", copy=True)
         return gathered if self.rank == 0 else None
+
+    # -- weight sync to the rollout engines (rank 0 sends; see rlhf_trainer.weight_sync) -----
+
+    def open_weight_sync(self, world_size: int) -> ws.SyncGroupInfo:
+        """Rank 0: open the sync group's store for `world_size` ranks (this one included)."""
+        self.sender = ws.WeightSyncSender(world_size, backend="nccl" if self.on_gpu else "gloo")
+        return self.sender.info
+
+    def connect_weight_sync(self) -> None:
+        """Rank 0: wait until every rollout worker has joined the sync group."""
+        self.sender.connect()
+
+    def weight_sync_plan(self, version: int) -> ws.SyncPlan:
+        """The bucket layout of a sync, from parameter metadata only (no gather)."""
+        bucket_bytes = ws.DEFAULT_BUCKET_BYTES if self.on_gpu else CPU_SYNC_BUCKET_BYTES
+        metadata = ws.zero3_parameter_metadata(self.engine.module)
+        return ws.plan_weight_sync(metadata, version, bucket_bytes)
+
+    def send_weights(self, plan: ws.SyncPlan) -> ws.SyncStats | None:
+        """Gather parameters a module at a time (all ranks); rank 0 broadcasts them."""
+        parameters = ws.iter_zero3_parameters(self.engine.module)
+        if self.rank == 0:
+            return self.sender.send(plan, parameters)
+        for _ in parameters:  # the gathers are collective: drain in step with rank 0
+            pass
+        return None
 
     def save(self, directory: str) -> None:
         self._save_engine(self.engine, Path(directory) / "policy")
@@ -416,7 +419,8 @@ class WorkerGroup:
     """The driver's handle on one role's ranks: start them, call them all, gather results.
 
     Each rank is a Ray actor that requests one unit of the role's custom resource (and one GPU
-    when the role has GPUs), so it lands on the role's node pool.
+    when the role has GPUs), so it lands on the role's node pool. Construction starts the ranks
+    and returns; `wait_ready` waits for them, so several groups can start side by side.
     """
 
     def __init__(
@@ -444,11 +448,14 @@ class WorkerGroup:
         self.actors: list[Any] = [
             actor_class.remote(spec_json, rank, self.world_size) for rank in range(self.world_size)
         ]
+        self.setup_timeout_s = setup_timeout_s
         address, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=setup_timeout_s)
-        self.wait(
-            [a.setup.remote(address, port, total_optimizer_steps) for a in self.actors],
-            timeout=setup_timeout_s,
-        )
+        self._setup = [a.setup.remote(address, port, total_optimizer_steps) for a in self.actors]
+
+    def wait_ready(self) -> WorkerGroup:
+        """Block until every rank has joined the group and built its engines."""
+        self.wait(self._setup, timeout=self.setup_timeout_s)
+        return self
 
     def submit(self, method: str, *args: Any) -> list[Any]:
         """Start `method(*args)` on every rank; returns the Ray object refs in rank order."""
@@ -464,9 +471,13 @@ class WorkerGroup:
         """`method(*args)` on every rank; the results in rank order."""
         return self.wait(self.submit(method, *args), timeout=timeout)
 
+    def unshard(self, refs: list[Any], timeout: float | None = None) -> Tensor:
+        """Wait for per-shard results (refs in rank order) and reassemble them in batch order."""
+        return self.plan.unshard(self.wait(refs, timeout=timeout))
+
     def call_sharded(self, method: str, batch_ref: Any, timeout: float | None = None) -> Tensor:
         """A per-row result computed shard by shard, reassembled in batch order."""
-        return self.plan.unshard(self.call(method, batch_ref, timeout=timeout))
+        return self.unshard(self.submit(method, batch_ref), timeout=timeout)
 
     def shutdown(self) -> None:
         import ray
