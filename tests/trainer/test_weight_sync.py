@@ -7,6 +7,8 @@ group, as separate processes would); two tests use real processes, one of which 
 from __future__ import annotations
 
 import io
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -354,3 +356,87 @@ def test_a_sync_whose_peer_died_fails_within_its_timeout() -> None:
         for process in processes:
             if process.is_alive():
                 process.kill()
+
+
+def test_bare_broadcast_measurement_runs_on_the_same_group() -> None:
+    sender, (receiver,) = connected_group(1)
+    sent, received = run_ranks(
+        lambda: sender.broadcast_bytes(4096, repeats=3),
+        lambda: receiver.broadcast_bytes(4096, repeats=3),
+    )
+    for seconds in (sent, received):
+        assert isinstance(seconds, list) and len(seconds) == 3
+        assert all(s > 0 for s in seconds)
+    sender.close()
+
+
+def _zero3_process(results: Any) -> None:
+    """A one-rank DeepSpeed ZeRO-3 trainer (its own default group) syncing to an HF engine."""
+    import deepspeed
+
+    from rlhf_trainer.weight_sync import iter_zero3_parameters, zero3_parameter_metadata
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
+    deepspeed.init_distributed(dist_backend="gloo")
+    config = {**TINY_QWEN2, "tie_word_embeddings": True}
+    model = HFEngine(ModelSource(config=config, seed=0)).model
+    initial = {name: param.detach().clone() for name, param in model.named_parameters()}
+    trainer, *_ = deepspeed.initialize(
+        model=model,
+        config={
+            "train_micro_batch_size_per_gpu": 2,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        },
+    )
+    ids = torch.randint(0, TINY_QWEN2["vocab_size"], (2, 16))
+    trainer.backward(trainer(input_ids=ids, labels=ids).loss)
+    trainer.step()
+    partitioned = all(param.numel() == 0 for param in trainer.module.parameters())
+
+    engine = HFEngine(ModelSource(config=config, seed=5))
+    sender = WeightSyncSender(2, host="127.0.0.1", timeout_s=30)
+    run_ranks(sender.connect, lambda: engine.init_weight_sync(sender.info, 1))
+    plan = plan_weight_sync(zero3_parameter_metadata(trainer.module), 1, 4096)
+    sent, _ = run_ranks(
+        lambda: sender.send(plan, iter_zero3_parameters(trainer.module)),
+        lambda: engine.receive_weights(plan),
+    )
+    with deepspeed.zero.GatheredParameters(list(trainer.module.parameters())):
+        gathered = {name: p.detach().clone() for name, p in trainer.module.named_parameters()}
+    held = engine.named_parameters()
+    results.put(
+        {
+            "partitioned": partitioned,
+            "trained": any(not torch.equal(initial[n], gathered[n]) for n in gathered),
+            "equal": all(torch.equal(held[n], tensor) for n, tensor in gathered.items()),
+            "sent_every_tensor_once": isinstance(sent, SyncStats)
+            and sent.tensors == len(gathered),  # tied weights once
+        }
+    )
+
+
+@pytest.mark.slow  # imports DeepSpeed (and may JIT-build its shm op) in a fresh process
+def test_zero3_parameters_gathered_layer_by_layer_reach_the_engine_exactly() -> None:
+    pytest.importorskip("deepspeed")
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=_zero3_process, args=(results,))
+    process.start()
+    try:
+        outcome = results.get(timeout=600)
+        process.join(60)
+    finally:
+        if process.is_alive():
+            process.kill()
+    assert outcome == {
+        "partitioned": True,  # the sender really had to gather
+        "trained": True,  # the optimizer step changed the weights
+        "equal": True,
+        "sent_every_tensor_once": True,
+    }

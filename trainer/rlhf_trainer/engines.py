@@ -232,6 +232,12 @@ class HFEngine:
             self._receiver.close()
             self._receiver = None
 
+    def broadcast_bytes(self, nbytes: int, repeats: int = 5) -> list[float]:
+        """Receiving side of a bare-broadcast measurement (`WeightSyncSender.broadcast_bytes`)."""
+        if self._receiver is None:
+            raise RuntimeError("init_weight_sync() first")
+        return self._receiver.broadcast_bytes(nbytes, repeats)
+
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """Parameters by Hugging Face name (tied ones under each name); for checks and tests."""
         return dict(self._parameters)
@@ -464,6 +470,11 @@ class VLLMEngine:
     def close_weight_sync(self) -> None:
         self._llm.collective_rpc("rlhf_close_weight_sync")
 
+    def broadcast_bytes(self, nbytes: int, repeats: int = 5) -> list[float]:
+        """Receiving side of a bare-broadcast measurement; the slowest worker's seconds."""
+        results = self._llm.collective_rpc("rlhf_broadcast_bytes", args=(nbytes, repeats))
+        return [max(seconds) for seconds in zip(*results, strict=True)]
+
 
 class VLLMWorkerExtension:
     """Methods mixed into every vLLM worker (``worker_extension_cls``), called through
@@ -492,6 +503,12 @@ class VLLMWorkerExtension:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return stats.to_dict()
+
+    def rlhf_broadcast_bytes(self, nbytes: int, repeats: int) -> list[float]:
+        receiver: WeightSyncReceiver | None = getattr(self, "_rlhf_receiver", None)
+        if receiver is None:
+            raise RuntimeError("rlhf_init_weight_sync first")
+        return receiver.broadcast_bytes(nbytes, repeats)
 
     def rlhf_load_weights(self, weights: list[Sequence[Any]]) -> None:
         self._rlhf_load([(str(name), tensor.to(self.device)) for name, tensor in weights])
@@ -552,6 +569,9 @@ class RolloutEngineActor:
     def close_weight_sync(self) -> None:
         self.engine.close_weight_sync()
 
+    def broadcast_bytes(self, nbytes: int, repeats: int = 5) -> list[float]:
+        return self.engine.broadcast_bytes(nbytes, repeats)
+
     def pid(self) -> int:
         """The actor's process id (fault-injection tests kill it)."""
         return os.getpid()
@@ -566,6 +586,7 @@ def create_rollout_engines(
     enforce_eager: bool = False,
     max_model_len: int | None = None,
     num_cpus: float | None = None,
+    num_gpus: float | None = None,
     engine_options: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Start `count` rollout engines as Ray actors on the rollout pool.
@@ -574,7 +595,8 @@ def create_rollout_engines(
     `rlhfjob.api.ray_resource`), so it lands on a rollout node, plus ``tensor_parallel_size``
     GPUs for vLLM. `count` defaults to every slot of the role (``replicas`` x engines per
     replica). HF engines reserve no CPU by default (`num_cpus`): the role resource already
-    bounds how many share a node. Construction is asynchronous: ``ray.get`` any method (e.g.
+    bounds how many share a node. `num_gpus` overrides the GPU request (e.g. a fraction to share
+    one GPU with the trainer). Construction is asynchronous: ``ray.get`` any method (e.g.
     ``policy_version``) to wait until an engine is up.
     """
     import ray
@@ -591,13 +613,13 @@ def create_rollout_engines(
         options.setdefault("enforce_eager", enforce_eager)
         options.setdefault("max_model_len", max_model_len)
         actor_options = {
-            "num_gpus": spec.tensor_parallel_size,
+            "num_gpus": spec.tensor_parallel_size if num_gpus is None else num_gpus,
             "num_cpus": 1 if num_cpus is None else num_cpus,
             "resources": resources,
         }
     else:
         actor_options = {
-            "num_gpus": 0,
+            "num_gpus": 0 if num_gpus is None else num_gpus,
             "num_cpus": 0 if num_cpus is None else num_cpus,
             "resources": resources,
         }

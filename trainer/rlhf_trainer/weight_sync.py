@@ -56,6 +56,10 @@ Every sync (also once before the first rollout and after a resume)::
 
 Sender and receivers must be called concurrently (they meet in the broadcasts), which is why
 the driver launches all remote calls before waiting on any of them.
+
+On GPUs, give the trainer actors ``NCCL_CUMEM_ENABLE=0``: vLLM sets it in its workers, and NCCL
+peers that disagree on it can hang. `WeightSyncSender.broadcast_bytes` times a bare broadcast
+of the same bytes on the same group, the ceiling a sync is measured against.
 """
 
 from __future__ import annotations
@@ -429,6 +433,18 @@ class _Group:
                 f"(a peer died, or nothing arrived within {timeout:g} s): {error}"
             ) from error
 
+    def timed_broadcasts(self, nbytes: int, repeats: int) -> list[float]:
+        """Bare broadcasts of `nbytes` from rank 0, one tensor, no packing; seconds each."""
+        tensor = torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+        seconds = []
+        for repeat in range(repeats):
+            _synchronize(self.device)
+            start = time.perf_counter()
+            self.wait(self.broadcast(tensor), what=f"bare broadcast {repeat}")
+            _synchronize(self.device)
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
     def check_usable(self) -> None:
         if self.broken:
             raise WeightSyncError(
@@ -448,6 +464,11 @@ class _Group:
         self.broken = True
         with contextlib.suppress(Exception):
             self.pg.shutdown()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _default_device(backend: Backend) -> torch.device:
@@ -572,6 +593,15 @@ class WeightSyncSender:
             buckets=len(plan.buckets),
             tensors=plan.num_tensors,
         )
+
+    def broadcast_bytes(self, nbytes: int, repeats: int = 5) -> list[float]:
+        """Time bare broadcasts of `nbytes` over this group: the ceiling for `send`.
+
+        Every receiver must call its `broadcast_bytes` with the same arguments at the same time.
+        """
+        if self._group is None:
+            raise WeightSyncError("call connect() before broadcast_bytes()")
+        return self._group.timed_broadcasts(nbytes, repeats)
 
     def close(self) -> None:
         if self._group is not None:
@@ -707,6 +737,10 @@ class WeightSyncReceiver:
             buckets=len(buckets),
             tensors=plan.num_tensors,
         )
+
+    def broadcast_bytes(self, nbytes: int, repeats: int = 5) -> list[float]:
+        """The receiving side of `WeightSyncSender.broadcast_bytes`."""
+        return self._group.timed_broadcasts(nbytes, repeats)
 
     def close(self) -> None:
         self._group.close()
