@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
 import pytest
 import torch
 
 from rlhf_trainer.algorithms import logprobs_from_logits
-from rlhf_trainer.engines import HFEngine, ModelSource, derive_seed
+from rlhf_trainer.engines import (
+    HFEngine,
+    ModelSource,
+    VLLMEngine,
+    VLLMWorkerExtension,
+    derive_seed,
+)
 from rlhf_trainer.rollout import Completion, SamplingParams
 
 TINY_QWEN2 = {
@@ -170,3 +184,143 @@ def test_create_rollout_engines_places_actors_on_the_rollout_resource() -> None:
         assert ray.get([engine.policy_version.remote() for engine in engines]) == [0, 0]
     finally:
         ray.shutdown()
+
+
+# --------------------------------------------------------------------------------------------
+# VLLMEngine's glue, against a stand-in for the `vllm` package (the real one needs a GPU)
+# --------------------------------------------------------------------------------------------
+
+
+class FakeModel:
+    """What `VLLMWorkerExtension` needs of a vLLM model: `load_weights(weights=...)`."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.loaded.update((name, tensor.clone()) for name, tensor in weights)
+
+
+class FakeWorker(VLLMWorkerExtension):
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.model_runner = SimpleNamespace(model=FakeModel())
+
+
+class FakeLLM:
+    """Records what VLLMEngine asks of `vllm.LLM`; RPCs run on one in-process fake worker."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.calls: list[str] = []
+        self.requests: list[tuple[list[int], Any]] = []
+        self.worker = FakeWorker()
+
+    def generate(self, prompts: list[dict[str, Any]], params: list[Any], use_tqdm: bool) -> Any:
+        outputs = []
+        for prompt, param in zip(prompts, params, strict=True):
+            self.requests.append((prompt["prompt_token_ids"], param))
+            samples = [
+                SimpleNamespace(
+                    index=j,
+                    token_ids=[prompt["prompt_token_ids"][-1] + j, 7],
+                    logprobs=[
+                        {prompt["prompt_token_ids"][-1] + j: SimpleNamespace(logprob=-0.25)},
+                        {7: SimpleNamespace(logprob=-1.5), 3: SimpleNamespace(logprob=-9.0)},
+                    ],
+                )
+                for j in reversed(range(param.n))  # out of order: the engine sorts by index
+            ]
+            outputs.append(SimpleNamespace(outputs=samples))
+        return outputs
+
+    def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple[Any, ...] = ()
+    ) -> list[Any]:
+        self.calls.append(method)
+        if method != "rlhf_load_weights":  # vLLM sends RPC arguments as plain data
+            args = tuple(json.loads(json.dumps(args)))
+        return [getattr(self.worker, method)(*args)]
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append("reset_prefix_cache")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm = ModuleType("vllm")
+    vllm.LLM = FakeLLM  # type: ignore[attr-defined]
+    vllm.SamplingParams = SimpleNamespace  # type: ignore[attr-defined]
+    parallel_state = ModuleType("vllm.distributed.parallel_state")
+    parallel_state.get_world_group = lambda: SimpleNamespace(rank=0)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.distributed", ModuleType("vllm.distributed"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", parallel_state)
+
+
+def test_vllm_engine_starts_llm_for_token_ids_and_maps_sampling(fake_vllm: None) -> None:
+    engine = VLLMEngine(ModelSource(config=TINY_QWEN2, dtype="bfloat16"), enforce_eager=True)
+    llm = engine._llm
+    assert isinstance(llm, FakeLLM)
+    assert llm.kwargs["skip_tokenizer_init"] is True
+    assert llm.kwargs["load_format"] == "dummy"  # config only: real weights come by sync
+    assert llm.kwargs["worker_extension_cls"] == "rlhf_trainer.engines.VLLMWorkerExtension"
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    assert (llm.kwargs["dtype"], llm.kwargs["enforce_eager"]) == ("bfloat16", True)
+    config = json.loads((Path(llm.kwargs["model"]) / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"]) == ("qwen2", 32)
+
+    sampling = SamplingParams(n=2, temperature=0.9, max_tokens=5, seed=4, stop_token_ids=(3,))
+    results = engine.generate(PROMPTS, sampling)
+    params = [param for _, param in llm.requests]
+    assert all(
+        (p.n, p.temperature, p.max_tokens, p.logprobs, p.stop_token_ids, p.ignore_eos)
+        == (2, 0.9, 5, 0, [3], True)
+        for p in params
+    )
+    assert all(p.detokenize is False for p in params)
+    assert len({p.seed for p in params}) == len(PROMPTS)  # one random stream per prompt
+    assert results[1] == [
+        Completion([10, 7], [-0.25, -1.5], 0),
+        Completion([11, 7], [-0.25, -1.5], 0),
+    ]
+    llm.requests.clear()
+    engine.generate(PROMPTS, sampling)
+    assert [p.seed for _, p in llm.requests] == [p.seed for p in params]  # reproducible
+
+    greedy = engine.generate(PROMPTS, SamplingParams(n=3, temperature=0.0))
+    assert all(p.n == 1 for _, p in llm.requests[-len(PROMPTS) :])
+    assert all(len(set(map(tuple, (c.token_ids for c in cs)))) == 1 for cs in greedy)
+    assert all(len(cs) == 3 for cs in greedy)
+
+
+def test_vllm_engine_receives_a_sync_inside_its_worker(fake_vllm: None) -> None:
+    from rlhf_trainer.weight_sync import WeightSyncSender, plan_weight_sync, tensor_metadata
+
+    engine = VLLMEngine(ModelSource(config=TINY_QWEN2))
+    llm = engine._llm
+    assert isinstance(llm, FakeLLM)
+    assert engine.weight_sync_ranks() == 1
+    weights = list(HFEngine(ModelSource(config=TINY_QWEN2, seed=8)).named_parameters().items())
+    plan = plan_weight_sync(tensor_metadata(weights), version=3, bucket_bytes=8192)
+    sender = WeightSyncSender(2, host="127.0.0.1", timeout_s=10, connect_timeout_s=30)
+    joining = threading.Thread(target=engine.init_weight_sync, args=(sender.info, 1))
+    joining.start()
+    sender.connect()
+    joining.join(30)
+    receiving = threading.Thread(target=engine.receive_weights, args=(plan,))
+    receiving.start()
+    sender.send(plan, iter(weights))
+    receiving.join(30)
+    assert not receiving.is_alive()
+    loaded = llm.worker.model_runner.model.loaded
+    assert set(loaded) == {name for name, _ in weights}
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in weights)
+    assert engine.policy_version() == 3
+    assert llm.calls[-2:] == ["rlhf_receive_weights", "reset_prefix_cache"]
+    engine.close_weight_sync()
+    sender.close()
+
+    engine.load_weights(weights[:1], version=4)  # the direct path, through the RPC
+    assert engine.policy_version() == 4
+    assert llm.calls[-2:] == ["rlhf_load_weights", "reset_prefix_cache"]

@@ -405,16 +405,18 @@ class VLLMEngine:
             raise RuntimeError("the last weight load failed part-way; load weights again first")
         if not prompts:
             return []
-        base_seed = sampling.seed if sampling.seed is not None else None
+        base_seed = sampling.seed
+        # Greedy samples are all the same: ask once (some vLLM versions reject n > 1 greedy).
+        greedy = sampling.temperature < GREEDY_TEMPERATURE
         params = [
             VLLMSamplingParams(
-                n=sampling.n,
+                n=1 if greedy else sampling.n,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
                 # vLLM gives sample j of a request the seed `seed + j`; mixing in the prompt
-                # index keeps prompts on unrelated random streams.
-                seed=None if base_seed is None else derive_seed(base_seed, index),
+                # index keeps prompts on unrelated random streams (31 bits: safe everywhere).
+                seed=None if base_seed is None else derive_seed(base_seed, index) % 2**31,
                 logprobs=0,
                 stop_token_ids=list(sampling.stop_token_ids),
                 ignore_eos=True,  # stop only where the caller says (no tokenizer EOS guessing)
@@ -436,7 +438,7 @@ class VLLMEngine:
                     for position, token in zip(sample.logprobs, ids, strict=True)
                 ]
                 completions.append(Completion(ids, logprobs, self._version))
-            results.append(completions)
+            results.append(completions * sampling.n if greedy else completions)
         return results
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
