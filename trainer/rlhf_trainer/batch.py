@@ -117,17 +117,6 @@ def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[i
     return Batch(input_ids, attention_mask, action_mask)
 
 
-def token_grid(rows: Sequence[Sequence[float]], batch: Batch) -> Tensor:
-    """Per-response-token values (one list per row) placed on the batch's next-token grid."""
-    grid = torch.zeros_like(batch.action_mask)
-    for row, values in enumerate(rows):
-        columns = torch.nonzero(batch.action_mask[row], as_tuple=True)[0]
-        if len(columns) != len(values):
-            raise ValueError(f"row {row}: {len(values)} values for {len(columns)} response tokens")
-        grid[row, columns] = torch.tensor(values, dtype=grid.dtype)
-    return grid
-
-
 @dataclass(frozen=True)
 class ShardPlan:
     """How a batch of ``rows`` splits over ``world_size`` ranks in micro-batches."""

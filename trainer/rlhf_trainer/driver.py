@@ -147,6 +147,25 @@ def connect_ray(spec: RLHFJobSpec) -> bool:
 # The loop
 
 
+def progress_line(record: dict[str, Any], total_steps: int) -> str:
+    """One line per step: step/total, reward, KL, losses, step seconds and its slowest phases."""
+    width = len(str(total_steps))
+    parts = [
+        f"step {record['step']:>{width}}/{total_steps}",
+        f"reward {record['reward_mean']:.3f} ±{record['reward_std']:.3f}",
+    ]
+    if record.get("kl") is not None:
+        parts.append(f"kl {record['kl']:.4f}")
+    if record.get("policy_loss") is not None:
+        parts.append(f"loss {record['policy_loss']:+.4f}")
+    if record.get("value_loss") is not None:
+        parts.append(f"value loss {record['value_loss']:.4f}")
+    slowest = sorted(record.get("phase_seconds", {}).items(), key=lambda item: -item[1])[:3]
+    breakdown = ", ".join(f"{name} {seconds:.2f}" for name, seconds in slowest)
+    parts.append(f"{record['step_seconds']:.2f} s ({breakdown})")
+    return " | ".join(parts)
+
+
 @dataclass
 class StepResult:
     step: int
@@ -423,24 +442,6 @@ class Trainer:
         self.heartbeat.update(step=result.step)
         return record
 
-    def progress_line(self, record: dict[str, Any]) -> str:
-        width = len(str(self.total_steps))
-        parts = [
-            f"step {record['step']:>{width}}/{self.total_steps}",
-            f"reward {record['reward_mean']:.3f} ±{record['reward_std']:.3f}",
-        ]
-        if record.get("kl") is not None:
-            parts.append(f"kl {record['kl']:.4f}")
-        if record.get("policy_loss") is not None:
-            parts.append(f"loss {record['policy_loss']:+.4f}")
-        if record.get("value_loss") is not None:
-            parts.append(f"value loss {record['value_loss']:.4f}")
-        phases = record.get("phase_seconds", {})
-        slowest = sorted(phases.items(), key=lambda item: -item[1])[:3]
-        breakdown = ", ".join(f"{name} {seconds:.2f}" for name, seconds in slowest)
-        parts.append(f"{record['step_seconds']:.2f} s ({breakdown})")
-        return " | ".join(parts)
-
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> ExitCode:
@@ -455,9 +456,9 @@ class Trainer:
             result = self.run_step()
             if self.step % interval == 0 or self.step == self.total_steps:
                 self.save_checkpoint()
-            self.log(self.progress_line(self.record(result)))
+            self.log(progress_line(self.record(result), self.total_steps))
         if self.stop.is_set():
-            if self.checkpointed_step != self.step:
+            if self.step > 0 and self.checkpointed_step != self.step:
                 self.save_checkpoint()
             return ExitCode.TERMINATED
         return ExitCode.SUCCEEDED
@@ -493,13 +494,13 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
     import ray
 
     stop = StopSignal()
-    stop.install()
     code, message = ExitCode.FAILED, "unexpected error"
     started_ray = False
     trainer: Trainer | None = None
     try:
         inputs = load_inputs(job.spec)
         started_ray = connect_ray(job.spec)
+        stop.install()  # after ray.init, which installs a SIGTERM handler that just exits
         trainer = Trainer(job, inputs, stop.requested)
         if metrics_port is not None:
             from rlhf_trainer.metrics import serve_metrics
@@ -507,13 +508,13 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
             serve_metrics(trainer.metrics.registry, metrics_port)
         if resume_from:
             trainer.restore(resume_from)
-        started = time.perf_counter()
+        started, first_step = time.perf_counter(), trainer.step
         code = trainer.run()
-        elapsed = time.perf_counter() - started
+        done = f"{trainer.step - first_step} steps in {time.perf_counter() - started:.0f} s"
         if code == ExitCode.TERMINATED:
-            message = f"stopped by {stop.signal_name} at step {trainer.step}"
+            message = f"stopped by {stop.signal_name} at step {trainer.step} ({done})"
         else:
-            message = f"trained {trainer.total_steps} steps in {elapsed:.0f} s"
+            message = f"trained to step {trainer.step} ({done})"
     except NonRetryableError as error:
         code, message = ExitCode.NON_RETRYABLE, str(error)
     except KeyboardInterrupt as error:

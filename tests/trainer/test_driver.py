@@ -1,0 +1,294 @@
+"""The driver: its small pieces, and as a process (resume equivalence, SIGTERM and SIGKILL).
+
+In the slow test, one run trains N steps straight. Another is stopped with SIGTERM while it
+writes a checkpoint, resumed, killed with SIGKILL, and resumed again to N. Both must end with
+the same parameters and the same per-step rewards, and no stop may leave a partial checkpoint.
+
+The drivers join one Ray head started here (`RAY_ADDRESS`), which also exercises the cluster
+path of `connect_ray`; the learning tests cover the driver starting its own local Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from rlhf_trainer.checkpoint import TEMP_DIR_PREFIX, CheckpointStore, read_checkpoint  # noqa: E402
+from rlhf_trainer.curves import plot_reward_curve, read_step_log  # noqa: E402
+from rlhf_trainer.driver import final_status, local_ray_resources, progress_line  # noqa: E402
+from rlhfjob import cli  # noqa: E402
+from rlhfjob.api import ray_resource  # noqa: E402
+from rlhfjob.config import load_job  # noqa: E402
+from rlhfjob.contract import FINAL_STATUS_PREFIX, ExitCode  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "grpo-tiny-cpu.yaml"
+TOTAL_STEPS = 6
+RUN_TIMEOUT_S = 600
+# This head listens on this machine only; without this, Ray turns token auth on by itself
+# when ~/.ray/auth_token exists, and the drivers would need the token.
+RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces
+
+
+def test_a_local_ray_advertises_every_role_slot():
+    spec = load_job(REPO / "examples" / "ppo-tiny-cpu.yaml").spec
+    assert local_ray_resources(spec) == {
+        ray_resource("trainer"): 2.0,
+        ray_resource("rollout"): 2.0,
+        ray_resource("critic"): 1.0,
+    }
+
+
+def test_the_final_status_line_is_one_line_the_operator_can_parse():
+    line = final_status(ExitCode.NON_RETRYABLE, "reward function 'x:y':\n  module not found")
+    assert line == (
+        f"{FINAL_STATUS_PREFIX} code=3 reason=InvalidJob "
+        "message=reward function 'x:y': module not found"
+    )
+    assert "reason=Terminated" in final_status(ExitCode.TERMINATED, "stopped")
+
+
+def test_the_progress_line_shows_step_reward_kl_and_time():
+    record = {
+        "step": 7,
+        "reward_mean": 0.5,
+        "reward_std": 0.25,
+        "kl": 0.01,
+        "policy_loss": -0.002,
+        "value_loss": None,
+        "step_seconds": 1.5,
+        "phase_seconds": {"generate": 0.2, "update": 1.0, "sync": 0.1, "reward": 0.01},
+    }
+    assert progress_line(record, 40) == (
+        "step  7/40 | reward 0.500 ±0.250 | kl 0.0100 | loss -0.0020 | "
+        "1.50 s (update 1.00, generate 0.20, sync 0.10)"
+    )
+
+
+def test_a_job_whose_reward_function_is_missing_fails_as_non_retryable(tmp_path, capsys):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["spec"]["reward"]["function"] = "no_such_module:reward"
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(document))
+    assert cli.main(["train", "--config", str(job)]) == ExitCode.NON_RETRYABLE
+    last_line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last_line.startswith(f"{FINAL_STATUS_PREFIX} code=3 reason=InvalidJob")
+    assert "no_such_module" in last_line
+
+
+def test_train_without_a_job_file_is_non_retryable(monkeypatch, capsys):
+    monkeypatch.delenv("RLHF_JOB_CONFIG", raising=False)
+    assert cli.main(["train"]) == ExitCode.NON_RETRYABLE
+    assert "no job file" in capsys.readouterr().err
+
+
+def test_the_step_log_keeps_the_last_record_of_a_step_and_plots(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 1, "reward_mean": 0.1, "reward_std": 0.0},
+        {"step": 2, "reward_mean": 0.2, "reward_std": 0.1},
+        {"step": 2, "reward_mean": 0.3, "reward_std": 0.1},  # rewritten after a resume
+    ]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records = read_step_log(log)
+    assert [r["reward_mean"] for r in records] == [0.1, 0.3]
+    png = plot_reward_curve(records, tmp_path / "curve.png", "test")
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+# --------------------------------------------------------------------------------------------
+# The driver as a process
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `condition` until it holds; fail after `timeout_s` naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A Ray head advertising the roles' resources; stopped (by its pid) afterwards."""
+    port = free_port()
+    # Room for two drivers at once: the straight run and the interrupted one.
+    resources = {ray_resource("trainer"): 4, ray_resource("rollout"): 2}
+    temp_dir = tempfile.mkdtemp(prefix="rlhf-ray-")  # short: Ray's socket paths have a limit
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen(
+        [
+            str(ray_cli),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            f"--resources={json.dumps(resources)}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=RAY_ENV,
+    )
+
+    def listening() -> bool:
+        assert head.poll() is None, "ray start exited"
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening, 120, "the Ray head")
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops its own processes
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+
+
+def job_file(directory: Path) -> Path:
+    """The GRPO example, shortened to 6 steps with a checkpoint every 2, one rollout engine."""
+    document = yaml.safe_load(EXAMPLE.read_text())
+    spec = document["spec"]
+    spec["algorithm"]["totalSteps"] = TOTAL_STEPS
+    spec["roles"]["rollout"]["replicas"] = 1
+    spec["checkpoint"].update(path=str(directory / "checkpoints"), intervalSteps=2, keepLast=10)
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def run_dir(directory: Path) -> Path:
+    return directory / "checkpoints" / "default" / "grpo-tiny"
+
+
+class Driver:
+    """`rlhfjob train` in a child process, its output in a file."""
+
+    def __init__(self, job: Path, ray_address: str, *args: str) -> None:
+        self.log = job.parent / f"driver-{time.monotonic_ns()}.log"
+        env = {**RAY_ENV, "RAY_ADDRESS": ray_address}
+        with self.log.open("w") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rlhfjob.cli", "train", "--config", str(job), *args],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=job.parent,
+            )
+
+    def wait(self) -> int:
+        return self.process.wait(timeout=RUN_TIMEOUT_S)
+
+    def alive(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"driver exited early:\n{self.output()[-3000:]}")
+        return True
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def assert_only_complete_checkpoints(directory: Path) -> list[int]:
+    """No temporary leftovers, and every step directory verifies. Returns the steps."""
+    root = run_dir(directory)
+    leftovers = [p.name for p in root.iterdir() if p.name.startswith(TEMP_DIR_PREFIX)]
+    assert leftovers == []
+    steps = []
+    for step, path in CheckpointStore(root).step_dirs():
+        read_checkpoint(path)  # raises if anything is missing or corrupt
+        steps.append(step)
+    return sorted(steps)
+
+
+def final_policy(directory: Path) -> dict[str, torch.Tensor]:
+    """The policy parameters of the step-N checkpoint, consolidated from the ZeRO-3 shards."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    step_dir = CheckpointStore(run_dir(directory)).step_dir(TOTAL_STEPS)
+    return get_fp32_state_dict_from_zero_checkpoint(str(step_dir / "policy"), tag="zero")
+
+
+@pytest.mark.slow
+def test_stopped_and_resumed_training_equals_uninterrupted_training(ray_address, tmp_path):
+    straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
+    straight_dir.mkdir()
+    resumed_dir.mkdir()
+    straight_job, resumed_job = job_file(straight_dir), job_file(resumed_dir)
+
+    straight = Driver(straight_job, ray_address)
+
+    # SIGTERM while the step-2 checkpoint is being written: the write completes, the run stops.
+    first = Driver(resumed_job, ray_address)
+    root = run_dir(resumed_dir)
+
+    def writing_a_checkpoint() -> bool:
+        return (
+            first.alive()
+            and root.is_dir()
+            and any(
+                p.name.startswith(TEMP_DIR_PREFIX) or p.name.startswith("step-")
+                for p in root.iterdir()
+            )
+        )
+
+    wait_for(writing_a_checkpoint, RUN_TIMEOUT_S, "the first checkpoint write")
+    first.process.send_signal(signal.SIGTERM)
+    assert first.wait() == ExitCode.TERMINATED, first.output()[-3000:]
+    assert "RLHFJOB_FINAL_STATUS code=4 reason=Terminated" in first.output()
+    stopped_at = assert_only_complete_checkpoints(resumed_dir)
+    assert stopped_at and max(stopped_at) < TOTAL_STEPS
+
+    # Resume, then SIGKILL (no chance to clean up) once a later checkpoint exists.
+    second = Driver(resumed_job, ray_address, "--resume-from", "latest")
+    later = CheckpointStore(root).step_dir(max(stopped_at) + 2)
+    wait_for(lambda: second.alive() and later.is_dir(), RUN_TIMEOUT_S, f"{later.name}")
+    second.process.kill()
+    second.wait()
+    assert "resuming from" in second.output()
+
+    third = Driver(resumed_job, ray_address, "--resume-from", "latest")
+    assert third.wait() == ExitCode.SUCCEEDED, third.output()[-3000:]
+    assert straight.wait() == ExitCode.SUCCEEDED, straight.output()[-3000:]
+    assert_only_complete_checkpoints(resumed_dir)
+
+    straight_rewards = [
+        r["reward_mean"] for r in read_step_log(run_dir(straight_dir) / "metrics.jsonl")
+    ]
+    resumed_rewards = [r["reward_mean"] for r in read_step_log(root / "metrics.jsonl")]
+    assert len(straight_rewards) == TOTAL_STEPS
+    assert resumed_rewards == straight_rewards  # the same samples, step for step
+
+    expected, got = final_policy(straight_dir), final_policy(resumed_dir)
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-6, msg=name)
