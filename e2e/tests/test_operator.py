@@ -1,0 +1,235 @@
+"""The operator on the real local control plane, with KubeRay and the stand-in Ray.
+
+These jobs run a stand-in driver (`spec.entrypoint`, a Python one-liner) instead of the trainer:
+they test the operator's lifecycle, not training, and stay fast. Real training under the operator
+is covered by the demo and the fault-injection suite.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlhf_local import pools
+from rlhf_local.jobs import FINISH_AT_ONCE, SLEEP_FOREVER, job_manifest
+from rlhf_local.operator_process import OperatorProcess, metric_value
+from rlhf_local.testing import LocalCluster, events_for, wait_for
+from rlhfjob import api
+
+pytestmark = pytest.mark.e2e
+
+
+class Jobs:
+    """Reads and writes RLHFJobs in one namespace."""
+
+    def __init__(self, lc: LocalCluster, namespace: str) -> None:
+        self.lc, self.namespace = lc, namespace
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        self.lc.custom.create_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, manifest
+        )
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(
+            self.lc.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, self.namespace, api.PLURAL, name
+            )
+        )
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.lc.custom.patch_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, {"spec": spec}
+        )
+
+    def phase(self, name: str) -> str | None:
+        return (self.get(name).get("status") or {}).get("phase")
+
+    def wait_phase(self, name: str, phase: str, timeout: float, operator: OperatorProcess) -> dict:
+        def reached() -> dict[str, Any] | None:
+            job = self.get(name)
+            return job if (job.get("status") or {}).get("phase") == phase else None
+
+        def explain() -> str:
+            job = self.get(name)
+            return json.dumps(job.get("status"), indent=1) + "\n" + operator.log_tail(40)
+
+        return wait_for(reached, timeout, f"{name} to be {phase}", interval=0.5, details=explain)
+
+    def ray_cluster(self, name: str) -> dict[str, Any] | None:
+        items = self.lc.custom.list_namespaced_custom_object(
+            "ray.io", "v1", self.namespace, "rayclusters"
+        )["items"]
+        return next((rc for rc in items if rc["metadata"]["name"] == name), None)
+
+    def ray_submissions(self, name: str) -> list[dict[str, Any]]:
+        cluster = self.ray_cluster(name)
+        assert cluster is not None
+        dashboard = cluster["metadata"]["annotations"]["rlhf.dev/dashboard-address"]
+        with urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10) as response:
+            listed: list[dict[str, Any]] = json.loads(response.read())
+        return listed
+
+    def event_reasons(self, name: str) -> list[str]:
+        return [e.reason for e in events_for(self.lc, self.namespace, name)]
+
+
+@pytest.fixture
+def jobs(local_cluster: LocalCluster, namespace: str) -> Jobs:
+    return Jobs(local_cluster, namespace)
+
+
+def test_job_runs_on_its_pools_and_succeeds(
+    jobs: Jobs, operator: OperatorProcess, local_cluster: LocalCluster
+) -> None:
+    jobs.create(job_manifest("tiny", jobs.namespace, FINISH_AT_ONCE))
+    cluster = wait_for(lambda: jobs.ray_cluster("tiny"), 60, "the RayCluster")
+    assert cluster["metadata"]["ownerReferences"][0]["kind"] == "RLHFJob"
+
+    def scheduled_pods() -> list[Any] | None:
+        listed = local_cluster.core.list_namespaced_pod(jobs.namespace).items
+        placed = [pod for pod in listed if pod.spec.node_name]
+        return placed if len(placed) == 3 else None
+
+    pods = wait_for(scheduled_pods, 120, "three scheduled Ray pods")
+    nodes = {n.metadata.name: n.metadata.labels for n in local_cluster.core.list_node().items}
+    placed = {
+        p.metadata.labels["rlhf.dev/role"]: nodes[p.spec.node_name][pools.POOL_LABEL] for p in pods
+    }
+    assert placed == {"head": "cpu", "trainer": "gpu-train", "rollout": "gpu-rollout"}
+
+    job = jobs.wait_phase("tiny", "Succeeded", 240, operator)
+    status = job["status"]
+    assert status["rayClusterName"] == "tiny"
+    assert status["completionTime"]
+    reasons = jobs.event_reasons("tiny")
+    for reason in ("Provisioning", "Submitted", "Succeeded"):
+        assert reason in reasons, reasons
+    # The finished job releases its cluster; the RLHFJob stays for inspection.
+    wait_for(lambda: jobs.ray_cluster("tiny") is None, 60, "the RayCluster to be released")
+
+    table = local_cluster.kubectl("get", "rlhfjobs", "-n", jobs.namespace)
+    header = table.splitlines()[0].split()
+    assert header[:6] == ["NAME", "PHASE", "STEP", "TOTAL", "RESTARTS", "CHECKPOINT"]
+    assert "Succeeded" in table
+
+
+def test_trainer_is_submitted_once_even_across_an_operator_restart(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    jobs.create(job_manifest("restart", jobs.namespace, SLEEP_FOREVER))
+    jobs.wait_phase("restart", "Running", 180, operator)
+    cluster_uid = jobs.ray_cluster("restart")["metadata"]["uid"]  # type: ignore[index]
+
+    operator.stop()
+    operator.start()
+    # Give the restarted operator several reconciles of its own, then compare.
+    wait_for(
+        lambda: (
+            metric_value(operator.metrics(), 'rlhf_operator_reconciles_total{result="ok"}') >= 3
+        ),
+        60,
+        "the restarted operator to reconcile",
+    )
+    assert jobs.phase("restart") == "Running"
+    assert jobs.ray_cluster("restart")["metadata"]["uid"] == cluster_uid  # type: ignore[index]
+    submissions = jobs.ray_submissions("restart")
+    assert len(submissions) == 1, submissions
+
+
+def test_suspend_releases_the_cluster_and_resume_starts_again(
+    jobs: Jobs, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    jobs.create(job_manifest("pause", jobs.namespace, SLEEP_FOREVER))
+    jobs.wait_phase("pause", "Running", 180, operator)
+    jobs.patch_spec("pause", {"suspend": True})
+    jobs.wait_phase("pause", "Suspended", 60, operator)
+    wait_for(lambda: jobs.ray_cluster("pause") is None, 90, "the RayCluster to be deleted")
+
+    jobs.patch_spec("pause", {"suspend": False})
+    job = jobs.wait_phase("pause", "Running", 180, operator)
+    assert "Resumed" in jobs.event_reasons("pause")
+    assert job["status"]["restartCount"] == 0, "suspending is not a failure"
+
+
+def test_active_deadline_fails_the_job(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("deadline", jobs.namespace, SLEEP_FOREVER, activeDeadlineSeconds=20))
+    job = jobs.wait_phase("deadline", "Failed", 180, operator)
+    assert "activeDeadlineSeconds" in job["status"]["message"]
+    assert "DeadlineExceeded" in jobs.event_reasons("deadline")
+
+
+def test_ttl_deletes_the_finished_job_and_garbage_collects_its_objects(
+    jobs: Jobs, operator: OperatorProcess, local_cluster: LocalCluster
+) -> None:
+    jobs.create(job_manifest("ttl", jobs.namespace, FINISH_AT_ONCE, ttlSecondsAfterFinished=2))
+
+    def gone() -> bool:
+        names = [
+            j["metadata"]["name"]
+            for j in local_cluster.custom.list_namespaced_custom_object(
+                api.GROUP, api.VERSION, jobs.namespace, api.PLURAL
+            )["items"]
+        ]
+        return "ttl" not in names
+
+    wait_for(gone, 300, "the RLHFJob to be deleted after its TTL")
+    wait_for(
+        lambda: (
+            not local_cluster.core.list_namespaced_config_map(
+                jobs.namespace, label_selector="rlhf.dev/job=ttl"
+            ).items
+        ),
+        120,
+        "its ConfigMap to be garbage-collected",
+    )
+
+
+def test_deleting_a_running_job_removes_its_cluster_but_not_checkpoints(
+    jobs: Jobs, operator: OperatorProcess, local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "ckpt"
+    kept = checkpoints / jobs.namespace / "delete" / "step-00000001" / "manifest.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{}")
+    manifest = job_manifest(
+        "delete", jobs.namespace, SLEEP_FOREVER, checkpoint={"path": str(checkpoints)}
+    )
+    jobs.create(manifest)
+    jobs.wait_phase("delete", "Running", 180, operator)
+    local_cluster.custom.delete_namespaced_custom_object(
+        api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, "delete"
+    )
+    wait_for(lambda: jobs.ray_cluster("delete") is None, 120, "the RayCluster to be collected")
+    assert kept.exists(), "the operator must never delete checkpoints"
+
+
+def test_unsatisfiable_gpu_request_fails_with_the_schedulers_reason(
+    jobs: Jobs, operator: OperatorProcess
+) -> None:
+    manifest = job_manifest("toobig", jobs.namespace, FINISH_AT_ONCE, provisioningTimeoutSeconds=15)
+    manifest["spec"]["roles"]["trainer"]["gpus"] = 16  # the pool's nodes have 8 each
+    jobs.create(manifest)
+    job = jobs.wait_phase("toobig", "Failed", 120, operator)
+    message = job["status"]["message"]
+    assert "not ready after 15s" in message
+    assert "Insufficient nvidia.com/gpu" in message, message
+    assert "ProvisioningTimeout" in jobs.event_reasons("toobig")
+
+
+def test_operator_exports_metrics(jobs: Jobs, operator: OperatorProcess) -> None:
+    jobs.create(job_manifest("metrics", jobs.namespace, FINISH_AT_ONCE))
+    jobs.wait_phase("metrics", "Succeeded", 240, operator)
+    text = operator.metrics()
+    for name in (
+        "rlhf_operator_jobs",
+        "rlhf_operator_reconciles_total",
+        "rlhf_operator_reconcile_duration_seconds_bucket",
+        "rlhf_operator_cluster_ready_seconds_count",
+        "rlhf_operator_ray_job_submissions_total",
+    ):
+        assert name in text, name
