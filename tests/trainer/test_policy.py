@@ -1,9 +1,10 @@
-"""ZeRO-3 policy ranks on the CPU: two Ray actors, gloo, DeepSpeed stage 3.
+"""ZeRO-3 ranks on the CPU: Ray actors, gloo, DeepSpeed stage 3.
 
-Checks against a plain single-process copy of the same model: the gathered parameters are the
-full model's, log-probs match a plain forward, and one update equals plain AdamW on the
-token-mean loss of the whole batch (which pins down sharding, padding, micro-batching and the
-loss scaling between them).
+Checks the policy against a plain single-process copy of the same model: the gathered
+parameters are the full model's, log-probs match a plain forward, and one update equals plain
+AdamW on the token-mean loss of the whole batch (which pins down sharding, padding,
+micro-batching and the loss scaling between them). The reference role's ranks give the initial
+model's log-probs, and the critic starts at zero and moves toward its targets.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("deepspeed")
 
 from rlhf_trainer import algorithms as alg  # noqa: E402
-from rlhf_trainer.actors import PolicyWorker, WorkerGroup, rollout_rows  # noqa: E402
+from rlhf_trainer.actors import (  # noqa: E402
+    CriticWorker,
+    PolicyWorker,
+    ReferenceWorker,
+    WorkerGroup,
+    rollout_rows,
+)
 from rlhf_trainer.batch import Batch, build_batch  # noqa: E402
 from rlhf_trainer.models import build_causal_lm  # noqa: E402
 from rlhfjob.api import RLHFJobSpec, ray_resource  # noqa: E402
@@ -53,7 +60,11 @@ def tiny_spec() -> RLHFJobSpec:
 def local_ray():
     ray.init(
         num_cpus=2,
-        resources={ray_resource("trainer"): 2},
+        resources={
+            ray_resource("trainer"): 2,
+            ray_resource("reference"): 1,
+            ray_resource("critic"): 1,
+        },
         include_dashboard=False,
         log_to_driver=False,
     )
@@ -147,3 +158,36 @@ def test_logprobs_match_a_plain_forward_and_an_update_matches_plain_adamw(group,
         assert not torch.equal(updated[name], before[name]), name
         # Steps are ~lr = 1e-2; Adam magnifies rounding where a gradient is near zero.
         torch.testing.assert_close(updated[name], tensor.detach(), atol=3e-4, rtol=0)
+
+
+def test_the_reference_role_gives_the_initial_models_logprobs(local_ray, spec):
+    role = spec.roles.trainer.model_copy(update={"replicas": 1})
+    reference = WorkerGroup(ReferenceWorker, spec, "reference", role, 10).wait_ready()
+    try:
+        batch = sample_batch(spec)
+        full = build_causal_lm(spec.model, spec.algorithm.seed)
+        expected = plain_logprobs(full, batch, spec.algorithm.temperature).detach()
+        got = reference.call_sharded("reference_logprobs", ray.put(batch))
+        mask = batch.action_mask.bool()
+        torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    finally:
+        reference.shutdown()
+
+
+def test_the_critic_starts_at_zero_and_moves_toward_its_returns(local_ray, spec):
+    role = spec.roles.trainer.model_copy(update={"replicas": 1})
+    critic = WorkerGroup(CriticWorker, spec, "critic", role, 10).wait_ready()
+    try:
+        batch = sample_batch(spec)
+        mask = batch.action_mask
+        before = critic.call_sharded("values", ray.put(batch))
+        assert before.shape == mask.shape
+        assert torch.count_nonzero(before) == 0  # the value head starts at zero
+        returns = mask.clone()  # every response token is worth 1
+        targets = batch.with_fields(old_values=before, returns=returns)
+        metrics = critic.call("train", ray.put(targets))[0]
+        assert metrics["value_loss"] == pytest.approx(0.5)  # 0.5 * (0 - 1)^2 on every token
+        after = critic.call_sharded("values", ray.put(batch))
+        assert float((after * mask).sum() / mask.sum()) > 0.0
+    finally:
+        critic.shutdown()

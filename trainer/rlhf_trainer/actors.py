@@ -76,7 +76,11 @@ class ZeroWorker:
         self.rank = rank
         self.world_size = world_size
         self.on_gpu = torch.cuda.is_available()
-        if not self.on_gpu:
+        if self.on_gpu:
+            # vLLM's workers run NCCL with cuMem off; the weight-sync group's NCCL communicator
+            # on rank 0 must agree, or its broadcasts can hang.
+            os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+        else:
             torch.set_num_threads(1)  # actors share a few cores; oversubscription slows all
         self.dtype = training_dtype(self.spec.model, self.on_gpu)
         self.plan = ShardPlan(
@@ -279,7 +283,8 @@ class PolicyWorker(ZeroWorker):
                     )
                     loss = loss + algorithm.kl_coef * kl
                     terms["kl_loss"] = kl
-                entropy = alg.masked_entropy(logits, mask)
+                with torch.set_grad_enabled(algorithm.entropy_coef > 0):
+                    entropy = alg.masked_entropy(logits, mask)
                 if algorithm.entropy_coef > 0:
                     loss = loss - algorithm.entropy_coef * entropy
                 terms["entropy"] = entropy

@@ -355,6 +355,7 @@ class Trainer:
             started = time.perf_counter()
             completions = self.fleet.generate([item.prompt for item in items], sampling)
         rollout = flatten_completions(items, completions)
+        version_lag = self.version - min(rollout.policy_versions)  # 0: fully on-policy
         self.metrics.record_generation(rollout.num_generated_tokens, time.perf_counter() - started)
 
         with self.phase(m.PHASE_REWARD):
@@ -422,7 +423,7 @@ class Trainer:
             kl=kl,
             policy=policy_metrics,
             critic=critic_metrics,
-            version_lag=self.version - 1 - min(rollout.policy_versions),
+            version_lag=version_lag,
         )
 
     def record(self, result: StepResult) -> dict[str, Any]:

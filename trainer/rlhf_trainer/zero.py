@@ -9,6 +9,9 @@ CPU notes (the same code runs on GPUs):
 * The optimizer is a client `torch.optim.AdamW` (`zero_allow_untested_optimizer`). DeepSpeed's
   own "AdamW" compiles a C++ extension (its CPU fused Adam) on first use, which takes minutes on
   a small machine; torch's AdamW computes the same update. On GPUs torch uses its fused kernel.
+* On the CPU DeepSpeed also JIT-compiles a small shared-memory allreduce extension the first time
+  it starts (a few minutes on two busy cores; cached in ~/.cache/torch_extensions afterwards).
+  It is only used when `LOCAL_SIZE` is set, which the actors never set, so gloo does the work.
 * Parameters of any size are sharded on the CPU (`stage3_param_persistence_threshold: 0`):
   DeepSpeed otherwise keeps tensors under 100k elements whole on every rank, which for the tiny
   test models is all of them, and ZeRO-3's gather paths would never run.
