@@ -110,6 +110,20 @@ class RayNode:
     group: str
     pid: int
     params: NodeParams
+    log: Path
+    log_offset: int
+    registered: bool = False
+
+    def is_registered(self) -> bool:
+        """`ray start` has printed that the node joined (read from its own log)."""
+        if not self.registered:
+            try:
+                with self.log.open("rb") as fh:
+                    fh.seek(self.log_offset)
+                    self.registered = b"Ray runtime started" in fh.read()
+            except OSError:
+                pass
+        return self.registered
 
     def alive(self) -> bool:
         with contextlib.suppress(ChildProcessError):
@@ -188,17 +202,30 @@ class StandIn:
         self.state_dir = state_dir
         self.log_dir = log_dir
         self.clusters: dict[str, LocalRay] = {}
-        self.failures: dict[str, float] = {}  # uid -> time of last failed head start
+        self.failures: dict[str, float] = {}  # RayCluster or pod uid -> last failed start
         self.stopping = threading.Event()
+        self._joining = False  # a worker node is starting but has not registered yet
         self._seq = 0
 
     # --- processes -------------------------------------------------------------------
 
-    def _spawn(self, label: str, argv: list[str]) -> int:
+    def _spawn(self, label: str, argv: list[str]) -> tuple[int, Path, int]:
+        """Start `argv` in its own session; return pid, log file and where its output starts."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{label}.log"
         env = dict(os.environ)
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        with (self.log_dir / f"{label}.log").open("ab") as out:
+        # Ray turns token auth on by itself when ~/.ray/auth_token exists; these clusters
+        # listen on this machine only and the operator talks to them without a token.
+        env["RAY_AUTH_MODE"] = "disabled"
+        # A raylet waits this long for its dashboard agent; Ray's default (seconds) is too
+        # short when a few Ray nodes start at once on two busy cores.
+        env.setdefault("RAY_agent_register_timeout_ms", "120000")
+        # How long `ray start` waits for its own node to register with the GCS (its loop
+        # gives up after ~30 s otherwise, which a busy machine exceeds).
+        env.setdefault("RAY_raylet_start_wait_time_s", "120")
+        with log_path.open("ab") as out:
+            offset = out.tell()
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -207,7 +234,7 @@ class StandIn:
                 start_new_session=True,
                 env=env,
             )
-        return proc.pid
+        return proc.pid, log_path, offset
 
     def _ray(self) -> str:
         ray = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
@@ -243,8 +270,10 @@ class StandIn:
         ]
         label = f"{meta['namespace']}.{meta['name']}.head"
         log.info("starting Ray head for %s/%s: %s", meta["namespace"], meta["name"], argv)
-        pid = self._spawn(label, argv)
-        head = RayNode(head_pod.metadata.name, head_pod.metadata.uid, "head", pid, params)
+        pid, log_path, offset = self._spawn(label, argv)
+        head = RayNode(
+            head_pod.metadata.name, head_pod.metadata.uid, "head", pid, params, log_path, offset
+        )
         local = LocalRay(
             meta["namespace"],
             meta["name"],
@@ -259,12 +288,15 @@ class StandIn:
         while True:
             if not head.alive():
                 raise RuntimeError(f"Ray head for {label} exited; see {self.log_dir}/{label}.log")
-            try:
-                with urllib.request.urlopen(f"{local.dashboard}/api/version", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
+            # Ready: the head node registered (its `ray start` says so) and the dashboard,
+            # which serves the Job Submission API, answers.
+            if head.is_registered():
+                try:
+                    with urllib.request.urlopen(f"{local.dashboard}/api/version", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
             if time.monotonic() > deadline or self.stopping.is_set():
                 head.kill()
                 raise RuntimeError(f"Ray head for {label} not ready in {HEAD_START_TIMEOUT}s")
@@ -291,8 +323,10 @@ class StandIn:
         log.info(
             "starting Ray node for pod %s/%s (%s)", pod.metadata.namespace, pod.metadata.name, group
         )
-        pid = self._spawn(f"{local.namespace}.{local.name}.{pod.metadata.name}", argv)
-        return RayNode(pod.metadata.name, pod.metadata.uid, group, pid, params)
+        pid, log_path, offset = self._spawn(
+            f"{local.namespace}.{local.name}.{pod.metadata.name}", argv
+        )
+        return RayNode(pod.metadata.name, pod.metadata.uid, group, pid, params, log_path, offset)
 
     # --- API ---------------------------------------------------------------------------
 
@@ -339,6 +373,13 @@ class StandIn:
             key = (pod.metadata.namespace, pod.metadata.labels["ray.io/cluster"])
             by_cluster.setdefault(key, []).append(pod)
 
+        # Ray gives a joining node 30 s to register, and its dashboard agent alone can take
+        # that long on two busy cores: start worker nodes one at a time.
+        self._joining = any(
+            n.alive() and not n.is_registered()
+            for c in self.clusters.values()
+            for n in c.workers.values()
+        )
         seen = set()
         for rc in rcs:
             meta = rc["metadata"]
@@ -373,7 +414,7 @@ class StandIn:
             state = (rc.get("status") or {}).get("state")
             if state != "ready" or head_pod is None:
                 return
-            if time.monotonic() - self.failures.get(uid, -1e9) < 30:
+            if self._backing_off(uid):
                 return
             try:
                 local = self._start_head(rc, head_pod)
@@ -400,13 +441,20 @@ class StandIn:
                 node.kill()
                 del local.workers[pod_uid]
             elif not node.alive():
-                log.warning("Ray node of pod %s exited on its own", node.pod)
+                log.warning("Ray node of pod %s exited on its own; restarting it soon", node.pod)
+                del local.workers[pod_uid]
+                self.failures[pod_uid] = time.monotonic()
         for pod_uid, pod in live.items():
-            if pod_uid in local.workers:
+            if pod_uid in local.workers or self._backing_off(pod_uid) or self._joining:
                 continue
             group = pod.metadata.labels.get("ray.io/group", "")
             params = NodeParams.from_start_params(groups.get(group, {}), 1)
             local.workers[pod_uid] = self._start_worker(local, pod, params)
+            self._joining = True
+
+    def _backing_off(self, uid: str) -> bool:
+        """True shortly after a Ray process for `uid` (RayCluster or pod) failed to start."""
+        return time.monotonic() - self.failures.get(uid, -1e9) < 15
 
     def _write_state(self) -> None:
         """Publish what runs where, for `down`, tests and curious humans."""

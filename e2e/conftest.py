@@ -1,0 +1,20 @@
+"""Fixtures for the e2e tier: the local cluster, a namespace per test, logs on failure."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+from rlhf_local.testing import failure_report, local_cluster, namespace
+
+__all__ = ["local_cluster", "namespace"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None]:
+    """Attach the control plane's log tails to a failing e2e test's report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and item.get_closest_marker("e2e") is not None:
+        report.sections.append(("local cluster logs", failure_report()))
