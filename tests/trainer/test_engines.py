@@ -269,6 +269,8 @@ def test_vllm_engine_starts_llm_for_token_ids_and_maps_sampling(fake_vllm: None)
     assert (llm.kwargs["dtype"], llm.kwargs["enforce_eager"]) == ("bfloat16", True)
     config = json.loads((Path(llm.kwargs["model"]) / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"]) == ("qwen2", 32)
+    # Without it vLLM picks the base class (Qwen2Model), served as a non-generating pooler.
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
 
     sampling = SamplingParams(n=2, temperature=0.9, max_tokens=5, seed=4, stop_token_ids=(3,))
     results = engine.generate(PROMPTS, sampling)

@@ -100,6 +100,21 @@ def hf_config(config: dict[str, Any]) -> Any:
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
+def causal_lm_config(config: dict[str, Any]) -> Any:
+    """`hf_config` with ``architectures`` naming the causal-LM class (e.g. ``Qwen2ForCausalLM``).
+
+    A config built from a dict has no ``architectures``; vLLM then falls back to the *base*
+    model class of the ``model_type`` (``Qwen2Model``), which it serves as a pooling
+    (embedding) model that cannot generate.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    result = hf_config(config)
+    if not getattr(result, "architectures", None):
+        result.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[result.model_type]]
+    return result
+
+
 def build_causal_lm(source: ModelSource, device: torch.device | str = "cpu") -> Any:
     """A transformers causal LM from `source`, in eval mode on `device`.
 
@@ -365,7 +380,7 @@ class VLLMEngine:
         self._model_dir: tempfile.TemporaryDirectory[str] | None = None
         if model.config is not None:
             self._model_dir = tempfile.TemporaryDirectory(prefix="rlhf-vllm-model-")
-            hf_config(model.config).save_pretrained(self._model_dir.name)
+            causal_lm_config(model.config).save_pretrained(self._model_dir.name)
             path, load_format = self._model_dir.name, "dummy"
         else:
             assert model.path is not None
