@@ -28,7 +28,8 @@ torch = pytest.importorskip("torch")
 
 from rlhf_trainer.checkpoint import TEMP_DIR_PREFIX, CheckpointStore, read_checkpoint  # noqa: E402
 from rlhf_trainer.curves import plot_reward_curve, read_step_log  # noqa: E402
-from rlhf_trainer.driver import final_status, local_ray_resources, progress_line  # noqa: E402
+from rlhf_trainer.driver import final_status, local_ray_resources  # noqa: E402
+from rlhf_trainer.loop import progress_line  # noqa: E402
 from rlhfjob import cli  # noqa: E402
 from rlhfjob.api import ray_resource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402

@@ -1,0 +1,395 @@
+"""The training loop: a `Trainer` owns one run's actors and turns prompts into policy updates.
+
+One step::
+
+    prompts -> generate (engines) -> rewards -> old / reference log-probs and values (ranks)
+            -> advantages (here) -> policy and critic update (ranks) -> weight sync (engines)
+
+then, every `checkpoint.intervalSteps`, a checkpoint, and always the heartbeat and the metrics.
+Every random choice depends on `algorithm.seed` only (model init, data order, a sampling seed
+per step), and a checkpoint carries the data position, RNG states, DeepSpeed model and optimizer
+state and the policy version, so a resumed run repeats the uninterrupted one exactly.
+
+`rlhf_trainer.driver` is the process around it (CLI, Ray, signals, exit codes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from torch import Tensor
+
+from rlhf_trainer import metrics as m
+from rlhf_trainer.actors import CriticWorker, PolicyWorker, ReferenceWorker, WorkerGroup
+from rlhf_trainer.actors import total_steps as count_steps
+from rlhf_trainer.algorithms import kl_estimate, masked_mean
+from rlhf_trainer.batch import Batch, build_batch
+from rlhf_trainer.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    read_checkpoint,
+    restore_rng_state,
+)
+from rlhf_trainer.curves import plot_reward_curve, read_step_log
+from rlhf_trainer.data import DataPosition, PromptItem, PromptIterator, load_prompts
+from rlhf_trainer.engines import ModelSource, create_rollout_engines
+from rlhf_trainer.experience import (
+    Rollout,
+    flatten_completions,
+    grpo_advantages,
+    ppo_advantages,
+    step_seed,
+)
+from rlhf_trainer.fleet import RolloutFleet, WeightSyncLink
+from rlhf_trainer.heartbeat import make_heartbeat
+from rlhf_trainer.models import model_config
+from rlhf_trainer.rewards import RewardFunctionError, RuleReward
+from rlhf_trainer.rollout import SamplingParams
+from rlhfjob import contract
+from rlhfjob.api import RLHFJob, RLHFJobSpec
+
+STEP_LOG = "metrics.jsonl"
+REWARD_CURVE = "reward_curve.png"
+SYNTHETIC_DATASET_SIZE = 1024
+"""Prompts drawn for a `synthetic:<task>` dataset."""
+
+
+class NonRetryableError(Exception):
+    """A problem that retrying cannot fix: the operator fails the job instead of restarting it."""
+
+
+@dataclass
+class Inputs:
+    """What a run needs before any actor starts; loading it is where config mistakes show."""
+
+    reward: RuleReward
+    prompts: list[PromptItem]
+
+
+def load_inputs(spec: RLHFJobSpec) -> Inputs:
+    """The reward function, the prompts and the model config; NonRetryableError if unusable."""
+    if spec.reward.type != "function" or spec.reward.function is None:
+        raise NonRetryableError("reward.type model is not supported by this trainer yet")
+    try:
+        reward = RuleReward.from_spec(spec.reward.function)
+        prompts = load_prompts(
+            spec.dataset.source,
+            spec.dataset.prompt_field,
+            synthetic_count=SYNTHETIC_DATASET_SIZE,
+            seed=spec.algorithm.seed,
+        )
+        model_config(spec.model)
+    except (RewardFunctionError, ValueError, OSError) as error:
+        raise NonRetryableError(str(error)) from error
+    return Inputs(reward=reward, prompts=prompts)
+
+
+def progress_line(record: dict[str, Any], total_steps: int) -> str:
+    """One line per step: step/total, reward, KL, losses, step seconds and its slowest phases."""
+    width = len(str(total_steps))
+    parts = [
+        f"step {record['step']:>{width}}/{total_steps}",
+        f"reward {record['reward_mean']:.3f} ±{record['reward_std']:.3f}",
+    ]
+    if record.get("kl") is not None:
+        parts.append(f"kl {record['kl']:.4f}")
+    if record.get("policy_loss") is not None:
+        parts.append(f"loss {record['policy_loss']:+.4f}")
+    if record.get("value_loss") is not None:
+        parts.append(f"value loss {record['value_loss']:.4f}")
+    slowest = sorted(record.get("phase_seconds", {}).items(), key=lambda item: -item[1])[:3]
+    breakdown = ", ".join(f"{name} {seconds:.2f}" for name, seconds in slowest)
+    parts.append(f"{record['step_seconds']:.2f} s ({breakdown})")
+    return " | ".join(parts)
+
+
+@dataclass
+class Scores:
+    """The ranks' view of a rollout: log-probs before the update, the reference's, values."""
+
+    old_logprobs: Tensor
+    ref_logprobs: Tensor | None
+    values: Tensor | None
+
+
+@dataclass
+class StepResult:
+    step: int
+    reward_mean: float
+    reward_std: float
+    kl: float | None
+    policy: dict[str, float]
+    critic: dict[str, float]
+    version_lag: int
+
+
+class Trainer:
+    """The actors of one run and the training loop over them."""
+
+    def __init__(self, job: RLHFJob, inputs: Inputs, stop: threading.Event) -> None:
+        spec = job.spec
+        self.job = job
+        self.spec = spec
+        self.algorithm = spec.algorithm
+        self.inputs = inputs
+        self.stop = stop
+        self.total_steps = count_steps(spec, len(inputs.prompts))
+        self.run_dir = Path(contract.checkpoint_dir(job))
+        self.store = CheckpointStore(self.run_dir, keep_last=spec.checkpoint.keep_last)
+        self.data = self._prompt_iterator(DataPosition())
+        self.metrics = m.TrainerMetrics(jsonl_path=self.run_dir / STEP_LOG)
+        self.heartbeat = make_heartbeat(
+            os.environ.get(contract.ENV_JOB_NAME),
+            os.environ.get(contract.ENV_JOB_NAMESPACE),
+            interval_seconds=spec.liveness.heartbeat_interval_seconds,
+            lease_duration_seconds=spec.liveness.heartbeat_timeout_seconds,
+            attempt=int(os.environ.get(contract.ENV_ATTEMPT, "0")),
+            total_steps=self.total_steps,
+        )
+        self.step = 0
+        self.version = 0
+        """Policy version: the number of updates so far; every weight sync carries it."""
+        self.checkpointed_step: int | None = None
+        self._start_actors()
+
+    def _start_actors(self) -> None:
+        """Start every role at once (actors boot and build their engines concurrently)."""
+        spec, roles = self.spec, self.spec.roles
+        started = time.perf_counter()
+        optimizer_steps = self.total_steps * self.algorithm.update_epochs
+        self.policy = WorkerGroup(PolicyWorker, spec, "trainer", roles.trainer, optimizer_steps)
+        self.reference: WorkerGroup | None = None
+        if roles.reference is not None:
+            self.reference = WorkerGroup(ReferenceWorker, spec, "reference", roles.reference, 0)
+        self.critic: WorkerGroup | None = None
+        if self.algorithm.name == "ppo":
+            assert roles.critic is not None  # the API requires it for PPO
+            self.critic = WorkerGroup(CriticWorker, spec, "critic", roles.critic, optimizer_steps)
+        rollout, seed = roles.rollout, self.algorithm.seed
+        source = ModelSource.from_spec(spec.model, seed=seed, on_gpu=rollout.gpus > 0)
+        options = {"num_threads": 1} if rollout.backend == "hf" else {}
+        engines = create_rollout_engines(rollout, source, seed=seed, engine_options=options)
+        for group in self.groups:
+            group.wait_ready()
+        self.fleet = RolloutFleet(engines)
+        self.weight_sync = WeightSyncLink(self.policy, engines)
+        self.log(f"actors ready in {time.perf_counter() - started:.1f} s")
+
+    @property
+    def groups(self) -> list[WorkerGroup]:
+        return [g for g in (self.policy, self.reference, self.critic) if g is not None]
+
+    @property
+    def has_reference(self) -> bool:
+        """A reference role, or a KL term (then the policy ranks hold the reference)."""
+        return self.reference is not None or self.algorithm.kl_coef > 0
+
+    def log(self, message: str) -> None:
+        print(f"[{self.job.metadata.name}] {message}", flush=True)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.heartbeat.update(phase=name)
+        with self.metrics.time_phase(name):
+            yield
+
+    def _prompt_iterator(self, position: DataPosition) -> PromptIterator:
+        return PromptIterator(
+            self.inputs.prompts,
+            self.algorithm.seed,
+            position=position,
+            shuffle=self.spec.dataset.shuffle,
+        )
+
+    # -- checkpoints and weight sync ----------------------------------------------------------
+
+    def restore(self, resume_from: str) -> None:
+        """Load a checkpoint: a path, or `latest` (the newest complete one; none: start over)."""
+        if resume_from == "latest":
+            checkpoint = self.store.latest_complete()
+            if checkpoint is None:
+                self.log(f"no complete checkpoint under {self.run_dir}; starting from step 0")
+                return
+        else:
+            try:
+                checkpoint = read_checkpoint(Path(resume_from))
+            except CheckpointError as error:
+                raise NonRetryableError(str(error)) from error
+        self.log(f"resuming from {checkpoint.path} (step {checkpoint.step})")
+        refs = [ref for g in self.groups for ref in g.submit("load", str(checkpoint.path))]
+        WorkerGroup.wait(refs)
+        self.data = self._prompt_iterator(DataPosition.from_json(checkpoint.data_position))
+        restore_rng_state(checkpoint.load_rng_state())
+        self.step = self.checkpointed_step = checkpoint.step
+        self.version = int(checkpoint.extra.get("policy_version", checkpoint.step))
+        self.heartbeat.update(
+            step=self.step, checkpoint_step=checkpoint.step, checkpoint_path=str(checkpoint.path)
+        )
+
+    def save_checkpoint(self) -> None:
+        """Every rank writes its DeepSpeed shards into one directory that appears atomically."""
+        with self.phase(m.PHASE_CHECKPOINT):
+            extra = {"policy_version": self.version, "total_steps": self.total_steps}
+            position = self.data.position.to_json()
+            with self.store.writing(self.step, data_position=position, extra=extra) as directory:
+                WorkerGroup.wait([r for g in self.groups for r in g.submit("save", str(directory))])
+        self.checkpointed_step = self.step
+        self.metrics.record_checkpoint()
+        path = str(self.store.step_dir(self.step))
+        self.heartbeat.update(checkpoint_step=self.step, checkpoint_path=path)
+
+    def sync_weights(self) -> None:
+        with self.phase(m.PHASE_SYNC):
+            result = self.weight_sync.sync(self.version)
+        self.metrics.record_weight_sync(result.seconds, result.bytes)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def run_step(self) -> StepResult:
+        step = self.step + 1
+        self.metrics.begin_step()
+        rollout = self._generate(step)
+        version_lag = self.version - min(rollout.policy_versions)  # 0: fully on-policy
+        with self.phase(m.PHASE_REWARD):
+            rewards = torch.tensor(
+                self.inputs.reward(rollout.prompts, rollout.responses, rollout.metadata)
+            )
+        batch = build_batch(rollout.prompts, rollout.responses)
+        with self.phase(m.PHASE_REFERENCE):
+            scores = self._score(batch)
+        with self.phase(m.PHASE_ADVANTAGE):
+            batch = batch.with_fields(**self._advantages(rewards, batch.action_mask, scores))
+        with self.phase(m.PHASE_UPDATE):
+            policy_metrics, critic_metrics = self._update(batch)
+        self.version += 1
+        self.sync_weights()
+        self.step = step
+
+        kl = None
+        if scores.ref_logprobs is not None:  # per-token KL(policy || reference) of the rollout
+            per_token = kl_estimate(scores.old_logprobs, scores.ref_logprobs, "k3")
+            kl = float(masked_mean(per_token, batch.action_mask))
+        return StepResult(
+            step=step,
+            reward_mean=float(rewards.mean()),
+            reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0,
+            kl=kl,
+            policy=policy_metrics,
+            critic=critic_metrics,
+            version_lag=version_lag,
+        )
+
+    def _generate(self, step: int) -> Rollout:
+        """This step's prompts, sampled `groupSize` times (GRPO) or once (PPO), seeded by step."""
+        algorithm = self.algorithm
+        items = [
+            replace(item, prompt=item.prompt[-algorithm.max_prompt_length :])
+            for item in self.data.next_batch(algorithm.prompts_per_step)
+        ]
+        sampling = SamplingParams(
+            n=algorithm.group_size if algorithm.name == "grpo" else 1,
+            temperature=algorithm.temperature,
+            top_p=algorithm.top_p,
+            max_tokens=algorithm.max_response_length,
+            seed=step_seed(algorithm.seed, step),
+        )
+        with self.phase(m.PHASE_GENERATE):
+            started = time.perf_counter()
+            completions = self.fleet.generate([item.prompt for item in items], sampling)
+        rollout = flatten_completions(items, completions)
+        self.metrics.record_generation(rollout.num_generated_tokens, time.perf_counter() - started)
+        return rollout
+
+    def _score(self, batch: Batch) -> Scores:
+        """Old log-probs, reference log-probs and values, computed by the groups side by side."""
+        batch_ref = ray.put(batch)
+        old = self.policy.submit("logprobs", batch_ref)
+        reference: list[Any] = []
+        if self.reference is not None:
+            reference = self.reference.submit("reference_logprobs", batch_ref)
+        elif self.has_reference:
+            reference = self.policy.submit("reference_logprobs", batch_ref)
+        values = self.critic.submit("values", batch_ref) if self.critic is not None else []
+        return Scores(
+            old_logprobs=self.policy.unshard(old),
+            ref_logprobs=(self.reference or self.policy).unshard(reference) if reference else None,
+            values=self.critic.unshard(values) if self.critic is not None else None,
+        )
+
+    def _advantages(self, rewards: Tensor, mask: Tensor, scores: Scores) -> dict[str, Tensor]:
+        """The per-row tensors the update needs, advantages included."""
+        fields = {"old_logprobs": scores.old_logprobs}
+        if scores.ref_logprobs is not None:
+            fields["ref_logprobs"] = scores.ref_logprobs
+        kl_inputs = {"logprobs": scores.old_logprobs, "ref_logprobs": scores.ref_logprobs}
+        if self.algorithm.name == "grpo":
+            fields["advantages"] = grpo_advantages(rewards, self.algorithm, mask=mask, **kl_inputs)
+            return fields
+        assert scores.values is not None
+        advantages, returns = ppo_advantages(
+            rewards, scores.values, mask, self.algorithm, **kl_inputs
+        )
+        return fields | {"advantages": advantages, "returns": returns, "old_values": scores.values}
+
+    def _update(self, batch: Batch) -> tuple[dict[str, float], dict[str, float]]:
+        """Policy and critic updates, concurrently; returns their group-wide metrics."""
+        batch_ref = ray.put(batch)
+        policy = self.policy.submit("train", batch_ref)
+        critic = self.critic.submit("train", batch_ref) if self.critic is not None else []
+        return WorkerGroup.wait(policy)[0], (WorkerGroup.wait(critic)[0] if critic else {})
+
+    def record(self, result: StepResult) -> dict[str, Any]:
+        """Publish a step's metrics, append its JSON line and tell the heartbeat."""
+        # Standard fields have their own arguments; the other numbers go to the log only.
+        extra = {f"policy_{k}": v for k, v in result.policy.items() if k != "policy_loss"}
+        extra |= {k: v for k, v in result.critic.items() if k != "value_loss"}
+        record = self.metrics.end_step(
+            result.step,
+            reward_mean=result.reward_mean,
+            reward_std=result.reward_std,
+            kl=result.kl,
+            policy_loss=result.policy.get("policy_loss"),
+            value_loss=result.critic.get("value_loss"),
+            policy_version_lag=result.version_lag,
+            extra=extra,
+        )
+        self.heartbeat.update(step=result.step)
+        return record
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> bool:
+        """Train to the last step, or until a stop is requested. Returns whether it finished.
+
+        A stopped run first finishes its step and checkpoints it (unless it just did).
+        """
+        interval = self.spec.checkpoint.interval_steps
+        self.heartbeat.update(step=self.step, phase=m.PHASE_GENERATE)
+        self.heartbeat.start()
+        self.sync_weights()  # the engines start from other weights (or a stale version)
+        while self.step < self.total_steps and not self.stop.is_set():
+            # Log the step before checkpointing it, so every checkpointed step has its line
+            # (the checkpoint's own time is counted in the next step's record).
+            self.log(progress_line(self.record(self.run_step()), self.total_steps))
+            if self.step % interval == 0 or self.step == self.total_steps:
+                self.save_checkpoint()
+        if self.step > 0 and self.checkpointed_step != self.step:
+            self.save_checkpoint()
+        return self.step >= self.total_steps
+
+    def finish(self) -> None:
+        """Stop the heartbeat and draw the reward curve next to the step log."""
+        self.heartbeat.stop()
+        records = read_step_log(self.run_dir / STEP_LOG)
+        if records:
+            png = plot_reward_curve(records, self.run_dir / REWARD_CURVE, self.job.metadata.name)
+            self.log(f"step log {self.run_dir / STEP_LOG}, reward curve {png}")
