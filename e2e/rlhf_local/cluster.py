@@ -87,6 +87,7 @@ class Layout:
         self.kubeconfigs = root / "kubeconfigs"
         self.standin = root / "standin"
         self.state = root / "cluster.json"
+        self.bin = root / "bin"
         self.kubeconfig = kubeconfig_path()
 
     def log(self, name: str) -> Path:
@@ -462,6 +463,16 @@ def _wait_healthy(
         wait_until(healthy, timeout, f"{name} to become healthy", logs=(name,))
 
 
+def _link_tools(bins: Binaries, lay: Layout) -> None:
+    """Put kubectl and helm from the cache on a predictable path: <local dir>/bin."""
+    bindir = lay.bin
+    bindir.mkdir(exist_ok=True)
+    for tool in (bins.kubectl, bins.helm):
+        link = bindir / tool.name
+        link.unlink(missing_ok=True)
+        link.symlink_to(tool)
+
+
 def up(*, timeout: float = 600.0, echo: bool = True) -> Path:
     """Bring the local cluster up (idempotent); return the admin kubeconfig path."""
     started = time.monotonic()
@@ -490,8 +501,9 @@ def up(*, timeout: float = 600.0, echo: bool = True) -> Path:
             "the default ServiceAccount (controller manager)",
             logs=("kube-controller-manager",),
         )
+    _link_tools(bins, lay)
     _echo(echo, f"up in {time.monotonic() - started:.1f}s; logs in {lay.logs}")
-    _echo(echo, f"export KUBECONFIG={lay.kubeconfig}")
+    _echo(echo, f"export KUBECONFIG={lay.kubeconfig} PATH={lay.bin}:$PATH")
     return lay.kubeconfig
 
 

@@ -46,7 +46,7 @@ GCS_ANNOTATION = "rlhf.dev/gcs-address"
 RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayclusters"
 #: Per-node object store: Ray's default (30% of RAM per node) would not fit many nodes here.
 OBJECT_STORE_BYTES = int(os.environ.get("RLHF_STANDIN_OBJECT_STORE_BYTES", 100 * 1024 * 1024))
-HEAD_START_TIMEOUT = 120.0
+HEAD_START_TIMEOUT = 180.0
 POLL_SECONDS = 1.0
 
 log = logging.getLogger("standin")
@@ -366,8 +366,11 @@ class StandIn:
 
     def reconcile(self) -> None:
         """One pass: compare RayClusters and pods with running Ray processes and fix it."""
-        rcs = self.custom.list_cluster_custom_object(RAY_GROUP, RAY_VERSION, RAY_PLURAL)["items"]
-        pods = self.core.list_pod_for_all_namespaces(label_selector="ray.io/cluster").items
+        listed: Any = self.custom.list_cluster_custom_object(RAY_GROUP, RAY_VERSION, RAY_PLURAL)
+        rcs: list[dict[str, Any]] = listed["items"]
+        pods: list[Any] = self.core.list_pod_for_all_namespaces(
+            label_selector="ray.io/cluster"
+        ).items
         by_cluster: dict[tuple[str, str], list[Any]] = {}
         for pod in pods:
             key = (pod.metadata.namespace, pod.metadata.labels["ray.io/cluster"])

@@ -115,8 +115,13 @@ def namespace(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> It
         # Wait until it is gone, so its pods no longer hold GPUs the next test needs.
         core = local_cluster.core
         core.delete_namespace(name)
+
+        def gone() -> bool:
+            items: list[Any] = core.list_namespace().items
+            return name not in {n.metadata.name for n in items}
+
         wait_for(
-            lambda: name not in {n.metadata.name for n in core.list_namespace().items},
+            gone,
             120,
             f"namespace {name} to be deleted",
         )
