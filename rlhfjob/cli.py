@@ -74,13 +74,12 @@ def _train(args: argparse.Namespace) -> int:
     return driver.main(args)
 
 
-def _demo(_: argparse.Namespace) -> int:
-    # Placeholder until the operator and trainer land: validate and render the tiny example.
-    from rlhfjob.crdgen import REPO_ROOT
+def _demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
 
-    example = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"
-    print(f"demo: the operator and trainer are not built yet; rendering {example.name} instead\n")
-    return _render(argparse.Namespace(file=example))
+    from rlhf_local import demo
+
+    return demo.run(Path(args.out), keep_cluster=args.keep_cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument("--verbose", action="store_true")
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))
-    command("demo", _demo, "run the local demo")
+    demo = command("demo", _demo, "run the local demo: operator + a GRPO job that survives a kill")
+    demo.add_argument("--out", default="runs/demo", help="where the reward curve and logs go")
+    demo.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up")
     return parser
 
 

@@ -41,6 +41,8 @@ from typing import Any
 
 from kubernetes import client, config
 
+from rlhf_local.podenv import pod_environment
+
 DASHBOARD_ANNOTATION = "rlhf.dev/dashboard-address"
 GCS_ANNOTATION = "rlhf.dev/gcs-address"
 RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayclusters"
@@ -195,7 +197,8 @@ def _pod_ready(pod: Any) -> bool:
 class StandIn:
     """Reconciles RayClusters and their pods against the local Ray processes it runs."""
 
-    def __init__(self, temp_root: Path, state_dir: Path, log_dir: Path) -> None:
+    def __init__(self, temp_root: Path, state_dir: Path, log_dir: Path, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
         self.custom = client.CustomObjectsApi()
         self.core = client.CoreV1Api()
         self.temp_root = temp_root
@@ -209,11 +212,13 @@ class StandIn:
 
     # --- processes -------------------------------------------------------------------
 
-    def _spawn(self, label: str, argv: list[str]) -> tuple[int, Path, int]:
+    def _spawn(
+        self, label: str, argv: list[str], pod_env: dict[str, str] | None = None
+    ) -> tuple[int, Path, int]:
         """Start `argv` in its own session; return pid, log file and where its output starts."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{label}.log"
-        env = dict(os.environ)
+        env = {**os.environ, **(pod_env or {})}
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray turns token auth on by itself when ~/.ray/auth_token exists; these clusters
         # listen on this machine only and the operator talks to them without a token.
@@ -270,7 +275,9 @@ class StandIn:
         ]
         label = f"{meta['namespace']}.{meta['name']}.head"
         log.info("starting Ray head for %s/%s: %s", meta["namespace"], meta["name"], argv)
-        pid, log_path, offset = self._spawn(label, argv)
+        pod_dir = temp_dir / "pods" / head_pod.metadata.name  # removed with the cluster
+        pod_env = pod_environment(self.core, head_pod, self.kubeconfig, pod_dir)
+        pid, log_path, offset = self._spawn(label, argv, pod_env)
         head = RayNode(
             head_pod.metadata.name, head_pod.metadata.uid, "head", pid, params, log_path, offset
         )
@@ -323,8 +330,10 @@ class StandIn:
         log.info(
             "starting Ray node for pod %s/%s (%s)", pod.metadata.namespace, pod.metadata.name, group
         )
+        pod_dir = local.temp_dir / "pods" / pod.metadata.name
+        pod_env = pod_environment(self.core, pod, self.kubeconfig, pod_dir)
         pid, log_path, offset = self._spawn(
-            f"{local.namespace}.{local.name}.{pod.metadata.name}", argv
+            f"{local.namespace}.{local.name}.{pod.metadata.name}", argv, pod_env
         )
         return RayNode(pod.metadata.name, pod.metadata.uid, group, pid, params, log_path, offset)
 
@@ -502,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout
     )
     config.load_kube_config(config_file=args.kubeconfig)
-    standin = StandIn(args.temp_root, args.state_dir, args.log_dir)
+    standin = StandIn(args.temp_root, args.state_dir, args.log_dir, Path(args.kubeconfig))
 
     def stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
