@@ -359,11 +359,17 @@ class _Planner:
         if ray_job is None or ray_job.submission_id != self.attempt_id():
             self.submit()
             return
-        if ray_job.status in ("PENDING", "RUNNING"):
+        if ray_job.status == "PENDING":
+            # Ray is still setting the driver up: nothing of the trainer's to judge yet.
+            self.enter(Phase.RUNNING, "trainer starting", reason="Running")
+            self.condition(TRAINER_RUNNING, False, "Pending", ray_job.message)
+            return
+        if ray_job.status == "RUNNING":
+            # Set first, so that a new condition's transition time marks when the driver started.
+            self.condition(TRAINER_RUNNING, True, "Running")
             if self.trainer_unresponsive(ray_job):
                 return
             self.enter(Phase.RUNNING, self.progress_message(), reason="Running")
-            self.condition(TRAINER_RUNNING, True, "Running")
             return
         if ray_job.status == "SUCCEEDED":
             self.finish(Phase.SUCCEEDED, "Succeeded", "training finished")
@@ -381,7 +387,8 @@ class _Planner:
         beat = self.seen.heartbeat
         current = beat is not None and beat.attempt in (None, self.status.restart_count)
         if not current or beat is None:
-            # Not started yet: model loading may take a while, so allow the progress timeout.
+            # No heartbeat yet: model loading may take a while, so allow the progress timeout
+            # from when the driver started running.
             running = next((c for c in self.status.conditions if c.type == TRAINER_RUNNING), None)
             since = running.last_transition_time if running and running.status == "True" else None
             if since is None:
@@ -428,7 +435,7 @@ class _Planner:
         self.act(SubmitRayJob(self.attempt_id(), resume=resume))
         if self.status.phase != Phase.RUNNING:
             self.enter(Phase.RUNNING, "trainer submitted", reason="Submitted")
-        self.condition(TRAINER_RUNNING, True, "Submitted", self.attempt_id())
+        self.condition(TRAINER_RUNNING, False, "Submitted", self.attempt_id())
 
     def restart(self, reason: str, message: str) -> None:
         """Climb the recovery ladder one rung, or fail when the budget is spent."""

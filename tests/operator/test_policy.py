@@ -379,3 +379,33 @@ def test_submission_ids_differ_per_attempt_and_job() -> None:
     job = make_job()
     assert submission_id(job, 0) != submission_id(job, 1)
     assert submission_id(job, 0) == "job-12345678-0"
+
+
+def test_a_pending_driver_is_not_judged_by_liveness() -> None:
+    job = make_job(running(), liveness={"progressTimeoutSeconds": 60})
+    seen = Observed(
+        job=job, now=at(10_000), created=at(0), cluster=ready_cluster(), ray_job=ray_job("PENDING")
+    )
+    plan = decide(seen)
+    assert StopRayJob not in kinds(plan)
+    assert plan.status.phase == Phase.RUNNING
+    assert plan.status.message == "trainer starting"
+
+
+def test_a_running_driver_without_any_heartbeat_is_hung_after_the_progress_timeout() -> None:
+    job = make_job(running(), liveness={"progressTimeoutSeconds": 60})
+    first = decide(
+        Observed(
+            job=job, now=at(100), created=at(0), cluster=ready_cluster(), ray_job=ray_job("RUNNING")
+        )
+    )
+    assert StopRayJob not in kinds(first)
+    assert first.requeue_after == pytest.approx(60)
+    job = make_job(first.status.wire(), liveness={"progressTimeoutSeconds": 60})
+    later = decide(
+        Observed(
+            job=job, now=at(161), created=at(0), cluster=ready_cluster(), ray_job=ray_job("RUNNING")
+        )
+    )
+    assert StopRayJob("job-12345678-0") in later.actions
+    assert later.status.restart_history[-1].reason == "TrainerHung"
