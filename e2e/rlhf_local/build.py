@@ -135,6 +135,7 @@ def _entry(bin_root: Path, key: str) -> Iterator[Path | None]:
         yield None
         return
     staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=bin_root))
+    staging.chmod(0o755)
     try:
         yield staging
         (staging / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z\n"))
