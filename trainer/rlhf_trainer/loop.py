@@ -159,7 +159,15 @@ class Trainer:
         self.version = 0
         """Policy version: the number of updates so far; every weight sync carries it."""
         self.checkpointed_step: int | None = None
-        self._start_actors()
+        # Beat from the start: booting the actors can take minutes, and the operator must be
+        # able to tell a slow start (heartbeats, step 0) from a dead driver (none).
+        self.heartbeat.update(step=self.step, phase="starting")
+        self.heartbeat.start()
+        try:
+            self._start_actors()
+        except BaseException:
+            self.heartbeat.stop()
+            raise
 
     def _start_actors(self) -> None:
         """Start every role at once (actors boot and build their engines concurrently)."""
@@ -374,7 +382,6 @@ class Trainer:
         """
         interval = self.spec.checkpoint.interval_steps
         self.heartbeat.update(step=self.step, phase=m.PHASE_GENERATE)
-        self.heartbeat.start()
         self.sync_weights()  # the engines start from other weights (or a stale version)
         while self.step < self.total_steps and not self.stop.is_set():
             # Log the step before checkpointing it, so every checkpointed step has its line
