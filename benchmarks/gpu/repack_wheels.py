@@ -35,7 +35,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--skip", nargs="*", default=list(SKIP), help="file-name patterns")
-    parser.add_argument("--unstage", type=Path, default=Path("../shared/gpu/unstage.sh"))
+    parser.add_argument(
+        "--unstage", type=Path, required=True, help="the install script copied into each folder"
+    )
     args = parser.parse_args()
 
     pieces: list[tuple[str, int, Path, int | None]] = []  # name, size, source, offset
