@@ -48,6 +48,8 @@ GCS_ANNOTATION = "rlhf.dev/gcs-address"
 RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayclusters"
 #: Per-node object store: Ray's default (30% of RAM per node) would not fit many nodes here.
 OBJECT_STORE_BYTES = int(os.environ.get("RLHF_STANDIN_OBJECT_STORE_BYTES", 100 * 1024 * 1024))
+JOIN_TIMEOUT = 90.0
+"""Seconds a worker node may take to join its head before it is started again."""
 HEAD_START_TIMEOUT = 180.0
 POLL_SECONDS = 1.0
 
@@ -115,6 +117,7 @@ class RayNode:
     log: Path
     log_offset: int
     registered: bool = False
+    started: float = field(default_factory=time.monotonic)
 
     def is_registered(self) -> bool:
         """`ray start` has printed that the node joined (read from its own log)."""
@@ -454,6 +457,14 @@ class StandIn:
                 del local.workers[pod_uid]
             elif not node.alive():
                 log.warning("Ray node of pod %s exited on its own; restarting it soon", node.pod)
+                del local.workers[pod_uid]
+                self.failures[pod_uid] = time.monotonic()
+            elif not node.is_registered() and time.monotonic() - node.started > JOIN_TIMEOUT:
+                # Its raylet can die while `ray start --block` lives on (an agent that was too
+                # slow to report its ports on a busy machine): start that node again.
+                log.warning("Ray node of pod %s did not join in %.0fs; restarting it", node.pod,
+                            JOIN_TIMEOUT)  # fmt: skip
+                node.kill()
                 del local.workers[pod_uid]
                 self.failures[pod_uid] = time.monotonic()
         for pod_uid, pod in live.items():
