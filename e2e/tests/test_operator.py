@@ -1,8 +1,8 @@
 """The operator on the real local control plane, with KubeRay and the stand-in Ray.
 
 These jobs run a stand-in driver (`spec.entrypoint`, a Python one-liner) instead of the trainer:
-they test the operator's lifecycle, not training, and stay fast. Real training under the operator
-is covered by the demo and the fault-injection suite.
+they test the operator's lifecycle, not training, and stay fast. Real training under the operator,
+with an injected failure, is what `rlhfjob demo` runs.
 """
 
 from __future__ import annotations
