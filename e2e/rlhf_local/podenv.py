@@ -27,7 +27,14 @@ def _write_config_maps(core: client.CoreV1Api, pod: Any, root: Path) -> dict[str
     for volume in pod.spec.volumes or []:
         if volume.config_map is None or volume.name not in mounts:
             continue
-        config_map = core.read_namespaced_config_map(volume.config_map.name, pod.metadata.namespace)
+        try:
+            config_map = core.read_namespaced_config_map(
+                volume.config_map.name, pod.metadata.namespace
+            )
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            continue  # a kubelet would wait for it; here the process simply lacks the files
         directory = root / volume.name
         directory.mkdir(parents=True, exist_ok=True)
         for key, value in (config_map.data or {}).items():
