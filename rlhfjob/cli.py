@@ -5,6 +5,7 @@
     rlhfjob render FILE            print the RayCluster and ConfigMap the operator would apply
     rlhfjob train --config FILE    run the trainer driver (also the Ray job entrypoint)
     rlhfjob operator               run the operator
+    rlhfjob local up|down|status   the local control plane (development and tests)
     rlhfjob demo                   the local demo (see README)
 
 Sub-commands import their heavy dependencies lazily, so `rlhfjob crd` works without torch or
@@ -74,6 +75,19 @@ def _train(args: argparse.Namespace) -> int:
     return driver.main(args)
 
 
+def _local(args: argparse.Namespace) -> int:
+    from rlhf_local import cluster
+
+    if args.action == "up":
+        print(cluster.up())
+    elif args.action == "down":
+        cluster.down()
+    else:
+        for component, pid in cluster.status().items():
+            print(f"{component:<24} {'running, pid ' + str(pid) if pid else 'stopped'}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -107,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument("--verbose", action="store_true")
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))
+    local = command("local", _local, "the local control plane for development and tests")
+    local.add_argument("action", choices=["up", "down", "status"])
     demo = command("demo", _demo, "run the local demo: operator + a GRPO job that survives a kill")
     demo.add_argument("--out", default="runs/demo", help="where the reward curve and logs go")
     demo.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up")
