@@ -32,6 +32,11 @@ from rlhfjob import api, contract
 from rlhfjob.config import parse_job
 
 POLL = 0.1
+NOTE = (
+    "The ceiling is one bare RayCluster at a time; jobs run --batch at a time and the stand-in Ray "
+    "starts nodes one after another, so apply_to_running includes waiting for the other jobs' Ray "
+    "nodes. Run with --batch 1 to compare like with like."
+)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -184,6 +189,7 @@ def main() -> int:
         "apply_to_running_s": summary([s["running_s"] for s in samples]),
         "ceiling_raycluster_to_dashboard_s": summary(ceiling),
         "samples": [{k: round(v, 3) for k, v in s.items()} for s in samples],
+        "note": NOTE if args.batch > 1 else "",
     }
     result["operator_overhead_p50_s"] = round(
         result["apply_to_running_s"]["p50"] - result["ceiling_raycluster_to_dashboard_s"]["p50"],
