@@ -18,7 +18,6 @@ recompiles what changed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -33,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_local import versions
+from rlhf_local import procs, versions
 from rlhf_local.paths import E2E_DIR, cache_dir
 
 KUBE_SRC = E2E_DIR / "go" / "kube" / "main.go"
@@ -110,18 +109,6 @@ def kuberay_key(go_version: str) -> str:
 
 def kubectl_key() -> str:
     return f"kubectl-layer-{versions.KUBECTL_LAYER_VERSION}"
-
-
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """Serialise builds across processes (two clones building at once share the cache)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -287,7 +274,7 @@ def ensure_binaries() -> Binaries:
         "kubectl": kubectl_key(),
     }
     builders = {"kube": _build_kube, "kuberay": _build_kuberay, "kubectl": _fetch_kubectl}
-    with _locked(bin_root):
+    with procs.file_lock(bin_root):
         for what, key in keys.items():
             with _entry(bin_root, key) as staging:
                 if staging is None:

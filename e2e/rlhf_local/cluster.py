@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -35,7 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,18 +135,6 @@ def wait_until(
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
-
-
-@contextlib.contextmanager
-def _lock(root: Path) -> Iterator[None]:
-    """One `up` or `down` at a time per state directory."""
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
@@ -478,7 +465,7 @@ def up(*, timeout: float = 600.0, echo: bool = True) -> Path:
     started = time.monotonic()
     bins = binaries()
     lay = Layout(local_dir())
-    with _lock(lay.root):
+    with procs.file_lock(lay.root):
         ports = _load_ports(lay)
         pki.ensure_pki(lay.pki, SERVICE_IP)
         kcfg = _kubeconfigs(lay, ports)
@@ -539,7 +526,7 @@ def _orphans(lay: Layout) -> list[int]:
 def down(*, keep_data: bool = False, echo: bool = True) -> None:
     """Stop everything `up` started, sweep orphans, and drop etcd data unless `keep_data`."""
     lay = Layout(local_dir())
-    with _lock(lay.root):
+    with procs.file_lock(lay.root):
         for name in reversed(COMPONENTS):
             # The stand-in tears its Ray clusters down on SIGTERM; give it time for that.
             if procs.stop(lay.pid(name), grace=30.0 if name == "standin-ray" else 15.0):

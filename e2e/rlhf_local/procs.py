@@ -9,11 +9,12 @@ never signals a stranger.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 
@@ -137,3 +138,15 @@ def kill_pids(pids: Iterable[int], grace: float = 5.0) -> None:
             time.sleep(0.1)
         if not _alive(pids):
             return
+
+
+@contextlib.contextmanager
+def file_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `directory/.lock` (one writer across processes)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from rlhf_operator import builder
 from rlhf_operator.kube import Kube, parse_time
@@ -33,25 +33,12 @@ from rlhf_operator.policy import (
     decide,
     submission_id,
 )
+from rlhf_operator.rayjobs import RayJobClient
 from rlhfjob import contract
 from rlhfjob.api import Condition, Phase, RLHFJob, RLHFJobStatus
 from rlhfjob.config import InvalidJobError, parse_job
 
 log = logging.getLogger("rlhf_operator")
-
-
-class RayJobs(Protocol):
-    async def status(self, dashboard: str, submission_id: str) -> Any: ...
-    async def submit(
-        self,
-        dashboard: str,
-        submission_id: str,
-        entrypoint: str,
-        *,
-        env: dict[str, str],
-        metadata: dict[str, str],
-    ) -> None: ...
-    async def stop(self, dashboard: str, submission_id: str) -> None: ...
 
 
 EventSink = Callable[[dict[str, Any], Event], None]
@@ -92,7 +79,7 @@ class Reconciler:
     def __init__(
         self,
         kube: Kube,
-        ray_jobs: RayJobs,
+        ray_jobs: RayJobClient,
         metrics: OperatorMetrics,
         emit: EventSink,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
