@@ -21,6 +21,8 @@ LEASE_PHASE = f"{GROUP}/phase"
 LEASE_ATTEMPT = f"{GROUP}/attempt"
 LEASE_STEP_TIME = f"{GROUP}/step-time"
 """RFC 3339 time at which `step` last advanced: the operator's evidence of progress."""
+LEASE_ROLLOUT_ENGINES = f"{GROUP}/rollout-engines"
+"""`<live>/<desired>` rollout engines the trainer generates with (elastic roles, decision 5)."""
 
 # --- Environment of the Ray pods and of the trainer driver. ---------------------------------
 ENV_JOB_NAME = "RLHF_JOB_NAME"
