@@ -8,7 +8,7 @@ config format. Field docstrings become the CRD's descriptions (`kubectl explain 
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -523,10 +523,21 @@ class CheckpointRef(ApiModel):
 
 
 class RestartRecord(ApiModel):
+    """One climb of the recovery ladder: why, from which checkpoint, and how fast."""
+
     time: datetime
     reason: str
     message: str = ""
     resumed_from_step: int | None = None
+    detection_seconds: float | None = None
+    """From the trainer's last sign of life (exit, heartbeat) to the operator's decision."""
+    resumed_time: datetime | None = None
+    """When the restarted trainer first finished a step past its checkpoint."""
+
+    @property
+    def failure_time(self) -> datetime:
+        """When the failure happened, as far as the operator can tell."""
+        return self.time - timedelta(seconds=self.detection_seconds or 0)
 
 
 MAX_RESTART_HISTORY = 20
@@ -547,6 +558,8 @@ class RLHFJobStatus(ApiModel):
     )
     """The most recent restarts, oldest first."""
     last_heartbeat_time: datetime | None = None
+    submission_id: str | None = None
+    """The Ray job of the current attempt, once submitted."""
     ray_cluster_name: str | None = None
     dashboard_url: str | None = None
     start_time: datetime | None = None

@@ -121,16 +121,12 @@ class Kube:
                 resource.create, body=manifest, namespace=manifest["metadata"]["namespace"]
             )
 
-    async def pending_pod_problem(self, namespace: str, cluster: str) -> str | None:
-        """The scheduler's message for a pod of the cluster it could not place, if any."""
+    async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
+        """The Ray pods of one RayCluster (head and workers)."""
         pods = await self._run(
             self.core.list_namespaced_pod, namespace, label_selector=f"ray.io/cluster={cluster}"
         )
-        for pod in pods.items:
-            for condition in pod.status.conditions or []:
-                if condition.type == "PodScheduled" and condition.status == "False":
-                    return f"pod {pod.metadata.name}: {condition.message or condition.reason}"
-        return None
+        return list(pods.items)
 
     async def get_lease(self, namespace: str, name: str) -> Any | None:
         try:

@@ -45,6 +45,20 @@ class OperatorMetrics:
         self.restarts = Counter(
             "rlhf_operator_restarts_total", "Trainer restarts by reason", ["reason"], registry=r
         )
+        self.detection_seconds = Histogram(
+            "rlhf_operator_failure_detection_seconds",
+            "From the trainer's last sign of life to the operator's restart decision",
+            ["reason"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.recovery_seconds = Histogram(
+            "rlhf_operator_recovery_seconds",
+            "From a failure to the first training step resumed after it",
+            ["reason"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         for phase in Phase:
             self.jobs.labels(phase=phase.value).set(0)
 

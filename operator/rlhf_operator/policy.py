@@ -21,28 +21,41 @@ from rlhfjob.api import (
     MAX_RESTART_HISTORY,
     CheckpointRef,
     Condition,
+    ElasticRoleSpec,
     Phase,
     RestartRecord,
     RLHFJob,
     RLHFJobStatus,
 )
-from rlhfjob.contract import ExitCode
+from rlhfjob.contract import FINAL_STATUS_PREFIX, ExitCode
 
 # ---------------------------------------------------------------------------------------------
 # What the reconciler saw
 
 
 @dataclass(frozen=True)
+class RoleView:
+    """One worker group's pods: how many are Ready against how many the group asks for."""
+
+    ready: int
+    desired: int
+
+
+@dataclass(frozen=True)
 class ClusterView:
-    """The job's RayCluster as KubeRay reports it."""
+    """The job's RayCluster as KubeRay reports it, and its pods."""
 
     name: str
     created: datetime
     ready: bool
-    """KubeRay's `status.state == ready` (all pods running and ready)."""
+    """KubeRay's `status.state == ready`: all pods were running and ready once (it stays so)."""
     deleting: bool = False
     dashboard: str | None = None
     """Where the operator reaches the Ray dashboard (head Service, or the local stand-in)."""
+    head_not_ready_since: datetime | None = None
+    """Set while KubeRay's HeadPodReady condition is False: since when."""
+    roles: dict[str, RoleView] = field(default_factory=dict)
+    """Worker groups (one per role) by name."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,12 @@ class RayJobView:
     status: Literal["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"]
     message: str = ""
     exit_code: int | None = None
+    ended: datetime | None = None
+    """When the driver exited (Ray's `end_time`), for detection latency."""
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("PENDING", "RUNNING")
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,8 @@ class HeartbeatView:
     attempt: int | None = None
     step_changed: datetime | None = None
     """When `step` last advanced (the trainer reports it), to tell stalled from slow."""
+    rollout_engines: tuple[int, int] | None = None
+    """Live and desired rollout engines, as the trainer reports them."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +97,9 @@ class Observed:
     created: datetime
     cluster: ClusterView | None = None
     ray_job: RayJobView | None = None
-    """None: this attempt has not been submitted (the dashboard answered 404)."""
+    """None: Ray does not know this attempt's job (the dashboard answered 404)."""
+    previous_ray_job: RayJobView | None = None
+    """The previous attempt's job while recovering: it must be gone before the next starts."""
     dashboard_error: str | None = None
     """Set when the dashboard did not answer; `ray_job` is then unknown, not absent."""
     heartbeat: HeartbeatView | None = None
@@ -141,6 +164,10 @@ HEALTHY = "Healthy"
 SUSPENDED = "Suspended"
 COMPLETE = "Complete"
 FAILED = "Failed"
+DEGRADED = "Degraded"
+
+ELASTIC_ROLES = ("rollout", "reward")
+"""Roles that may run below their replica count while training goes on (decision 5)."""
 
 
 def submission_id(job: RLHFJob, attempt: int) -> str:
@@ -185,7 +212,8 @@ class _Planner:
         if self.plan.requeue_after is None or seconds < self.plan.requeue_after:
             self.plan.requeue_after = seconds
 
-    def condition(self, type_: str, ok: bool | None, reason: str, message: str = "") -> None:
+    def condition(self, type_: str, ok: bool | None, reason: str, message: str = "") -> bool:
+        """Set a condition; True when its status changed (or it is new)."""
         value: Literal["True", "False", "Unknown"] = (
             "Unknown" if ok is None else ("True" if ok else "False")
         )
@@ -202,6 +230,14 @@ class _Planner:
         )
         others = [c for c in self.status.conditions if c.type != type_]
         self.status.conditions = sorted([*others, updated], key=lambda c: c.type)
+        return changed
+
+    def since(self, type_: str, status: str) -> datetime:
+        """When condition `type_` took `status`; now when it does not have it (yet)."""
+        found = next((c for c in self.status.conditions if c.type == type_), None)
+        if found is None or found.status != status or found.last_transition_time is None:
+            return self.seen.now
+        return found.last_transition_time
 
     def enter(self, phase: Phase, message: str, *, reason: str | None = None) -> None:
         if phase != self.status.phase:
@@ -216,7 +252,9 @@ class _Planner:
         self.status.completion_time = self.status.completion_time or self.seen.now
         self.condition(COMPLETE if phase == Phase.SUCCEEDED else FAILED, True, reason, message)
         self.condition(TRAINER_RUNNING, False, reason)
-        if self.seen.ray_job and self.seen.ray_job.status in ("PENDING", "RUNNING"):
+        if any(c.type == DEGRADED for c in self.status.conditions):
+            self.condition(DEGRADED, False, reason)
+        if self.seen.ray_job and self.seen.ray_job.active:
             self.act(StopRayJob(self.seen.ray_job.submission_id))
         if self.seen.cluster and not self.seen.cluster.deleting:
             self.act(DeleteCluster(reason))
@@ -249,12 +287,27 @@ class _Planner:
             self.status.current_step = beat.step
         if beat.total_steps is not None:
             self.status.total_steps = beat.total_steps
+        self.note_resumed(beat)
         if beat.checkpoint_step is not None and beat.checkpoint_path:
             known = self.status.last_checkpoint
             if known is None or known.step != beat.checkpoint_step:
                 self.status.last_checkpoint = CheckpointRef(
                     step=beat.checkpoint_step, path=beat.checkpoint_path, time=beat.renewed
                 )
+
+    def note_resumed(self, beat: HeartbeatView) -> None:
+        """The first step the restarted trainer finishes past its checkpoint ends a recovery."""
+        history = self.status.restart_history
+        if not history or history[-1].resumed_time is not None or beat.step is None:
+            return
+        last = history[-1]
+        if beat.step <= (last.resumed_from_step or 0):
+            return
+        resumed = beat.step_changed or beat.renewed
+        history[-1] = last.model_copy(update={"resumed_time": resumed})
+        took = (resumed - last.failure_time).total_seconds()
+        self.event("Normal", "Resumed", f"training resumed: step {beat.step}, {took:.0f}s after "
+                   f"the {last.reason} failure")  # fmt: skip
 
     def after_finish(self) -> None:
         if self.seen.cluster and not self.seen.cluster.deleting:
@@ -269,7 +322,7 @@ class _Planner:
             self.requeue((due - self.seen.now).total_seconds())
 
     def suspend(self) -> None:
-        if self.seen.ray_job and self.seen.ray_job.status in ("PENDING", "RUNNING"):
+        if self.seen.ray_job and self.seen.ray_job.active:
             self.act(StopRayJob(self.seen.ray_job.submission_id))
         if self.seen.cluster and not self.seen.cluster.deleting:
             self.act(DeleteCluster("suspended"))
@@ -312,10 +365,12 @@ class _Planner:
         if not cluster.ready:
             self.wait_for_cluster(cluster)
             return
-        self.condition(CLUSTER_READY, True, "Ready", "all Ray pods are ready")
+        if cluster.head_not_ready_since is not None:
+            self.wait_for_head(cluster.head_not_ready_since)
+            return
+        self.condition(CLUSTER_READY, True, "Ready", "the Ray head pod is ready")
         if self.seen.dashboard_error is not None:
-            self.condition(DASHBOARD_REACHABLE, False, "Unreachable", self.seen.dashboard_error)
-            self.requeue(5)
+            self.dashboard_unreachable(self.seen.dashboard_error)
             return
         self.condition(DASHBOARD_REACHABLE, True, "Reachable")
         self.status.dashboard_url = cluster.dashboard
@@ -324,12 +379,7 @@ class _Planner:
     def wait_for_cluster(self, cluster: ClusterView) -> None:
         problem = self.seen.scheduling_problem
         detail = f": {problem}" if problem else ""
-        was = next((c for c in self.status.conditions if c.type == CLUSTER_READY), None)
-        unhealthy_since = (
-            was.last_transition_time
-            if was is not None and was.status == "False" and was.last_transition_time
-            else self.seen.now
-        )
+        unhealthy_since = self.since(CLUSTER_READY, "False")
         self.condition(CLUSTER_READY, False, "PodsNotReady", f"waiting for Ray pods{detail}")
         if self.status.phase in (Phase.PENDING, Phase.PROVISIONING):
             limit = self.job.spec.provisioning_timeout_seconds
@@ -344,19 +394,57 @@ class _Planner:
             self.enter(Phase.PROVISIONING, f"waiting for Ray pods{detail}", reason="Provisioning")
             self.requeue(limit - waited)
             return
-        # It was running: KubeRay is replacing pods. Wait, then recreate the cluster.
+        # A recreated cluster: give it the recovery deadline, then recreate it again.
         limit = self.job.spec.recovery.cluster_recovery_timeout_seconds
         waited = (self.seen.now - unhealthy_since).total_seconds()
         if waited >= limit:
-            self.restart("ClusterUnhealthy", f"the RayCluster stayed unhealthy for {limit}s")
-            self.act(DeleteCluster("cluster unhealthy past its recovery deadline"))
+            message = f"the RayCluster stayed unhealthy for {limit}s{detail}"
+            self.recreate_cluster("ClusterUnhealthy", message, last_alive=unhealthy_since)
             return
-        self.enter(Phase.RECOVERING, f"waiting for KubeRay to replace Ray pods{detail}")
+        self.enter(Phase.RECOVERING, f"waiting for Ray pods{detail}")
         self.requeue(limit - waited)
+
+    def wait_for_head(self, since: datetime) -> None:
+        """KubeRay reports the head pod not Ready: a probe blip, or the head (and Ray) is gone.
+
+        Without GCS fault tolerance a new head is a new Ray cluster that has lost the trainer's
+        job and every actor, so past a short grace the operator recreates the RayCluster.
+        """
+        waited = (self.seen.now - since).total_seconds()
+        grace = self.job.spec.liveness.heartbeat_timeout_seconds
+        message = f"the Ray head pod has not been ready for {waited:.0f}s"
+        self.condition(CLUSTER_READY, False, "HeadPodNotReady", message)
+        if waited < grace:
+            self.status.message = message
+            self.requeue(grace - waited)
+            return
+        self.recreate_cluster("HeadLost", message, last_alive=since)
+
+    def dashboard_unreachable(self, error: str) -> None:
+        since = self.since(DASHBOARD_REACHABLE, "False")
+        self.condition(DASHBOARD_REACHABLE, False, "Unreachable", error)
+        limit = self.job.spec.recovery.cluster_recovery_timeout_seconds
+        waited = (self.seen.now - since).total_seconds()
+        if self.status.submission_id is not None and waited >= limit:
+            message = f"the Ray dashboard has not answered for {waited:.0f}s: {error}"
+            self.recreate_cluster("ClusterUnhealthy", message, last_alive=since)
+            return
+        self.requeue(min(5.0, max(limit - waited, 0.5)))
 
     def follow_ray_job(self) -> None:
         ray_job = self.seen.ray_job
-        if ray_job is None or ray_job.submission_id != self.attempt_id():
+        if ray_job is not None and ray_job.submission_id != self.attempt_id():
+            ray_job = None  # an earlier attempt's job: not this attempt's business
+        if ray_job is None and self.status.submission_id == self.attempt_id():
+            # Submitted, yet Ray has never heard of it: the head restarted with a fresh GCS.
+            self.recreate_cluster(
+                "HeadLost",
+                f"the Ray head no longer knows the trainer's job {self.attempt_id()} "
+                "(the head restarted)",
+                last_alive=self.status.last_heartbeat_time,
+            )
+            return
+        if ray_job is None:
             self.submit()
             return
         if ray_job.status == "PENDING":
@@ -369,17 +457,69 @@ class _Planner:
             self.condition(TRAINER_RUNNING, True, "Running")
             if self.trainer_unresponsive(ray_job):
                 return
-            self.enter(Phase.RUNNING, self.progress_message(), reason="Running")
+            shortfall = self.elastic_shortfall()
+            self.show_degraded(shortfall)
+            message = self.progress_message()
+            if shortfall:
+                message += f" (degraded: {shortfall})"
+            self.enter(Phase.RUNNING, message, reason="Running")
             return
         if ray_job.status == "SUCCEEDED":
             self.finish(Phase.SUCCEEDED, "Succeeded", "training finished")
             return
         # FAILED, or STOPPED by someone else: the trainer is gone.
-        self.condition(TRAINER_RUNNING, False, "TrainerExited", ray_job.message)
+        summary = trainer_failure_summary(ray_job.message) or f"the Ray job is {ray_job.status}"
+        self.condition(TRAINER_RUNNING, False, "TrainerExited", summary)
         if ray_job.exit_code == ExitCode.NON_RETRYABLE:
-            self.finish(Phase.FAILED, "NonRetryableError", ray_job.message or "see the Ray job")
+            self.finish(Phase.FAILED, "NonRetryableError", summary)
             return
-        self.restart("TrainerFailed", ray_job.message or f"the Ray job is {ray_job.status}")
+        lost = self.roles_below_minimum(include_elastic=False)
+        if lost:
+            self.restart("TrainerPodLost", f"{lost}; {summary}", last_alive=ray_job.ended)
+        else:
+            self.restart("TrainerFailed", summary, last_alive=ray_job.ended)
+
+    def roles_below_minimum(self, *, include_elastic: bool = True) -> str:
+        """Roles with fewer Ready pods than training needs, e.g. ``trainer 1/2 pods ready``."""
+        cluster = self.seen.cluster
+        if cluster is None:
+            return ""
+        short = []
+        for role, spec in self.job.spec.roles.enabled().items():
+            view = cluster.roles.get(role)
+            elastic = role in ELASTIC_ROLES
+            if view is None or (elastic and not include_elastic):
+                continue
+            minimum = view.desired
+            if isinstance(spec, ElasticRoleSpec) and spec.min_replicas is not None:
+                minimum = min(spec.min_replicas, view.desired)
+            if view.ready < minimum:
+                short.append(f"{role} {view.ready}/{view.desired} pods ready")
+        return ", ".join(short)
+
+    def elastic_shortfall(self) -> str:
+        """Elastic roles running below their replica count, from the pods and the trainer."""
+        short: list[str] = []
+        cluster = self.seen.cluster
+        for role, view in sorted((cluster.roles if cluster else {}).items()):
+            if role in ELASTIC_ROLES and view.ready < view.desired:
+                short.append(f"{role} {view.ready}/{view.desired} pods ready")
+        beat = self.seen.heartbeat
+        engines = beat.rollout_engines if beat is not None else None
+        if engines is not None and engines[0] < engines[1]:
+            short.append(f"{engines[0]}/{engines[1]} rollout engines")
+        return ", ".join(short)
+
+    def show_degraded(self, shortfall: str) -> None:
+        if shortfall:
+            if self.condition(DEGRADED, True, "BelowReplicas", shortfall):
+                self.event(
+                    "Warning", "Degraded", f"training goes on with fewer replicas: {shortfall}"
+                )
+        elif any(c.type == DEGRADED for c in self.status.conditions) and self.condition(
+            DEGRADED, False, "AllReplicas", "every role has all its replicas"
+        ):
+            self.event("Normal", "ReplicasRestored", "every role has all its replicas again")
 
     def trainer_unresponsive(self, ray_job: RayJobView) -> bool:
         """Hung (no heartbeat) or stalled (heartbeats, no progress): stop it and restart."""
@@ -399,14 +539,15 @@ class _Planner:
                 return False
             self.condition(HEALTHY, False, "NoHeartbeat", f"no heartbeat for {silent:.0f}s")
             self.act(StopRayJob(ray_job.submission_id))
-            self.restart("TrainerHung", f"no heartbeat since it was submitted {silent:.0f}s ago")
+            self.restart("TrainerHung", f"no heartbeat since it was submitted {silent:.0f}s ago",
+                         last_alive=since)  # fmt: skip
             return True
         stale = (self.seen.now - beat.renewed).total_seconds()
         if stale > liveness.heartbeat_timeout_seconds:
             evidence = f"last heartbeat {stale:.0f}s ago at step {beat.step}"
             self.condition(HEALTHY, False, "HeartbeatTimeout", evidence)
             self.act(StopRayJob(ray_job.submission_id))
-            self.restart("TrainerHung", evidence)
+            self.restart("TrainerHung", evidence, last_alive=beat.renewed)
             return True
         if beat.step_changed is not None:
             idle = (self.seen.now - beat.step_changed).total_seconds()
@@ -416,13 +557,22 @@ class _Planner:
                 )
                 self.condition(HEALTHY, False, "ProgressTimeout", evidence)
                 self.act(StopRayJob(ray_job.submission_id))
-                self.restart("TrainerStalled", evidence)
+                self.restart("TrainerStalled", evidence, last_alive=beat.step_changed)
                 return True
         self.condition(HEALTHY, True, "Heartbeating", f"step {beat.step}, renewed {stale:.0f}s ago")
         self.requeue(liveness.heartbeat_timeout_seconds - stale + 0.5)
         return False
 
     def submit(self) -> None:
+        previous = self.seen.previous_ray_job
+        if previous is not None and previous.active:
+            # Never two drivers at once: the stopped attempt must be gone first.
+            self.act(StopRayJob(previous.submission_id))
+            self.status.message = (
+                f"waiting for the previous trainer {previous.submission_id} to stop"
+            )
+            self.requeue(1)
+            return
         restarts = self.status.restart_count
         if restarts and self.status.restart_history:
             due = self.status.restart_history[-1].time + timedelta(
@@ -431,24 +581,41 @@ class _Planner:
             if self.seen.now < due:
                 self.requeue((due - self.seen.now).total_seconds())
                 return
+        missing = self.roles_below_minimum()
+        if missing:
+            # The ZeRO-3 group needs all its ranks; submitting now would only queue actors.
+            self.status.message = f"waiting for Ray pods before starting the trainer: {missing}"
+            self.requeue(2)
+            return
         resume = self.status.last_checkpoint is not None
         self.act(SubmitRayJob(self.attempt_id(), resume=resume))
+        self.status.submission_id = self.attempt_id()
         if self.status.phase != Phase.RUNNING:
             self.enter(Phase.RUNNING, "trainer submitted", reason="Submitted")
         self.condition(TRAINER_RUNNING, False, "Submitted", self.attempt_id())
 
-    def restart(self, reason: str, message: str) -> None:
+    def recreate_cluster(self, reason: str, message: str, last_alive: datetime | None) -> None:
+        """The top rung of the ladder: a new RayCluster, then resume from the checkpoint."""
+        self.restart(reason, message, last_alive=last_alive)
+        if not self.status.phase.terminal:
+            self.act(DeleteCluster(message))
+
+    def restart(self, reason: str, message: str, last_alive: datetime | None = None) -> None:
         """Climb the recovery ladder one rung, or fail when the budget is spent."""
         budget = self.job.spec.recovery.max_restarts
         if self.status.restart_count >= budget:
             self.finish(Phase.FAILED, "RestartsExhausted", f"{message} (after {budget} restarts)")
             return
         checkpoint = self.status.last_checkpoint
+        detection = None
+        if last_alive is not None:
+            detection = round(max(0.0, (self.seen.now - last_alive).total_seconds()), 3)
         record = RestartRecord(
             time=self.seen.now,
             reason=reason,
             message=message[:1000],
             resumed_from_step=checkpoint.step if checkpoint else None,
+            detection_seconds=detection,
         )
         self.status.restart_count += 1
         self.status.restart_history = [*self.status.restart_history, record][-MAX_RESTART_HISTORY:]
@@ -465,6 +632,17 @@ class _Planner:
         if step is None:
             return "training"
         return f"training: step {step}/{total}" if total else f"training: step {step}"
+
+
+def trainer_failure_summary(message: str, limit: int = 300) -> str:
+    """What a failed Ray job says about why, in a line: the driver's final status if present."""
+    for line in reversed(message.splitlines()):
+        if line.startswith(FINAL_STATUS_PREFIX):
+            _, _, text = line.partition(" message=")
+            reason = line.split(" reason=", 1)[-1].split(" ", 1)[0]
+            return f"{reason}: {text}"[:limit] if text else reason
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return first.split(", last available logs")[0][:limit]
 
 
 def decide(seen: Observed) -> Plan:

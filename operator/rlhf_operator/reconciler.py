@@ -28,6 +28,7 @@ from rlhf_operator.policy import (
     HeartbeatView,
     Observed,
     Plan,
+    RoleView,
     StopRayJob,
     SubmitRayJob,
     decide,
@@ -35,13 +36,15 @@ from rlhf_operator.policy import (
 )
 from rlhf_operator.rayjobs import RayJobClient
 from rlhfjob import contract
-from rlhfjob.api import Condition, Phase, RLHFJob, RLHFJobStatus
+from rlhfjob.api import Condition, Phase, RestartRecord, RLHFJob, RLHFJobStatus
 from rlhfjob.config import InvalidJobError, parse_job
 
 log = logging.getLogger("rlhf_operator")
 
 
 EventSink = Callable[[dict[str, Any], Event], None]
+EVENT_MESSAGE_LIMIT = 1024
+"""The API server rejects longer Event messages."""
 
 
 def _annotation_int(annotations: dict[str, str], key: str) -> int | None:
@@ -72,7 +75,54 @@ def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
         checkpoint_path=notes.get(contract.LEASE_CHECKPOINT_PATH),
         attempt=_annotation_int(notes, contract.LEASE_ATTEMPT),
         step_changed=step_changed,
+        rollout_engines=_fraction(notes.get(contract.LEASE_ROLLOUT_ENGINES)),
     )
+
+
+def _fraction(value: str | None) -> tuple[int, int] | None:
+    """``"1/2"`` → ``(1, 2)``; anything else → None."""
+    live, _, desired = (value or "").partition("/")
+    try:
+        return int(live), int(desired)
+    except ValueError:
+        return None
+
+
+def _pod_ready(pod: Any) -> bool:
+    if pod.metadata.deletion_timestamp is not None or pod.status is None:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def role_views(cluster: dict[str, Any], pods: list[Any]) -> dict[str, RoleView]:
+    """Ready worker pods per group against the group's replicas (one group per role)."""
+    ready: dict[str, int] = {}
+    for pod in pods:
+        labels = pod.metadata.labels or {}
+        if labels.get("ray.io/node-type") == "worker" and _pod_ready(pod):
+            group = labels.get("ray.io/group", "")
+            ready[group] = ready.get(group, 0) + 1
+    return {
+        group["groupName"]: RoleView(ready.get(group["groupName"], 0), group.get("replicas", 0))
+        for group in cluster.get("spec", {}).get("workerGroupSpecs") or []
+    }
+
+
+def scheduling_problem(pods: list[Any]) -> str | None:
+    """The scheduler's message for a pod of the cluster it could not place, if any."""
+    for pod in pods:
+        for condition in (pod.status.conditions if pod.status else None) or []:
+            if condition.type == "PodScheduled" and condition.status == "False":
+                return f"pod {pod.metadata.name}: {condition.message or condition.reason}"
+    return None
+
+
+def head_not_ready_since(cluster: dict[str, Any]) -> datetime | None:
+    """From KubeRay's HeadPodReady condition: since when the head is not Ready (None: it is)."""
+    for condition in (cluster.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "HeadPodReady" and condition.get("status") == "False":
+            return parse_time(condition.get("lastTransitionTime")) or datetime.now(UTC)
+    return None
 
 
 class Reconciler:
@@ -136,17 +186,22 @@ class Reconciler:
         created = parse_time(body["metadata"].get("creationTimestamp")) or now
         status = job.status or RLHFJobStatus()
         cluster_body = await self.kube.get_ray_cluster(namespace, builder.ray_cluster_name(job))
-        cluster = self._cluster_view(job, cluster_body)
-        ray_job = dashboard_error = scheduling_problem = None
+        pods = []
+        if cluster_body is not None:
+            pods = await self.kube.cluster_pods(namespace, cluster_body["metadata"]["name"])
+        cluster = self._cluster_view(job, cluster_body, pods)
+        ray_job = previous_ray_job = dashboard_error = problem = None
+        attempt = submission_id(job, status.restart_count)
         if cluster and cluster.ready and not cluster.deleting and cluster.dashboard:
             try:
-                ray_job = await self.ray_jobs.status(
-                    cluster.dashboard, submission_id(job, status.restart_count)
-                )
+                ray_job = await self.ray_jobs.status(cluster.dashboard, attempt)
+                if ray_job is None and status.restart_count > 0:
+                    previous = submission_id(job, status.restart_count - 1)
+                    previous_ray_job = await self.ray_jobs.status(cluster.dashboard, previous)
             except Exception as error:  # any failure to talk to Ray is "unreachable"
                 dashboard_error = str(error) or type(error).__name__
         elif cluster and not cluster.ready:
-            scheduling_problem = await self.kube.pending_pod_problem(namespace, cluster.name)
+            problem = scheduling_problem(pods)
         lease = await self.kube.get_lease(namespace, builder.heartbeat_lease_name(job))
         return Observed(
             job=job,
@@ -154,13 +209,16 @@ class Reconciler:
             created=created,
             cluster=cluster,
             ray_job=ray_job,
+            previous_ray_job=previous_ray_job,
             dashboard_error=dashboard_error,
             heartbeat=heartbeat_from_lease(lease),
-            scheduling_problem=scheduling_problem,
+            scheduling_problem=problem,
         )
 
     @staticmethod
-    def _cluster_view(job: RLHFJob, body: dict[str, Any] | None) -> ClusterView | None:
+    def _cluster_view(
+        job: RLHFJob, body: dict[str, Any] | None, pods: list[Any]
+    ) -> ClusterView | None:
         if body is None:
             return None
         metadata = body["metadata"]
@@ -171,6 +229,8 @@ class Reconciler:
             ready=(body.get("status") or {}).get("state") == "ready",
             deleting=bool(metadata.get("deletionTimestamp")),
             dashboard=annotations.get(contract.DASHBOARD_ANNOTATION) or builder.dashboard_url(job),
+            head_not_ready_since=head_not_ready_since(body),
+            roles=role_views(body, pods),
         )
 
     async def act(self, job: RLHFJob, body: dict[str, Any], seen: Observed, plan: Plan) -> None:
@@ -197,6 +257,10 @@ class Reconciler:
                     log.info("%s/%s: ttlSecondsAfterFinished passed, deleting", namespace, name)
                     await self.kube.delete_job(namespace, name)
         for event in plan.events:
+            if len(event.message) > EVENT_MESSAGE_LIMIT:
+                event = Event(
+                    event.type, event.reason, event.message[: EVENT_MESSAGE_LIMIT - 3] + "..."
+                )
             self.emit(body, event)
 
     async def _submit(self, job: RLHFJob, dashboard: str, action: SubmitRayJob, plan: Plan) -> None:
@@ -221,6 +285,7 @@ class Reconciler:
             self.metrics.submission_failures.inc()
             previous = job.status or RLHFJobStatus()
             plan.status.phase = previous.phase
+            plan.status.submission_id = previous.submission_id
             plan.status.message = f"could not submit the trainer: {error}"
             plan.events[:] = [e for e in plan.events if e.reason != "Submitted"]
             _set_condition(plan.status, DASHBOARD_REACHABLE, "False", "SubmitFailed", str(error))
@@ -258,7 +323,16 @@ class Reconciler:
         if after.current_step is not None and before.current_step is None:
             self.metrics.first_step_seconds.observe(age)
         if after.restart_count > before.restart_count and after.restart_history:
-            self.metrics.restarts.labels(reason=after.restart_history[-1].reason).inc()
+            record = after.restart_history[-1]
+            self.metrics.restarts.labels(reason=record.reason).inc()
+            if record.detection_seconds is not None:
+                self.metrics.detection_seconds.labels(reason=record.reason).observe(
+                    record.detection_seconds
+                )
+        if (resumed := _newly_resumed(before, after)) is not None:
+            assert resumed.resumed_time is not None
+            seconds = (resumed.resumed_time - resumed.failure_time).total_seconds()
+            self.metrics.recovery_seconds.labels(reason=resumed.reason).observe(seconds)
         self._phases[(job.metadata.namespace, job.metadata.name)] = after.phase.value
         self._update_phase_gauge()
 
@@ -267,6 +341,15 @@ class Reconciler:
         for phase in self._phases.values():
             counts[phase] = counts.get(phase, 0) + 1
         self.metrics.set_phase_counts(counts)
+
+
+def _newly_resumed(before: RLHFJobStatus, after: RLHFJobStatus) -> RestartRecord | None:
+    """The restart whose first resumed step this reconcile noticed, if any."""
+    if not after.restart_history or after.restart_history[-1].resumed_time is None:
+        return None
+    last = after.restart_history[-1]
+    old = next((r for r in before.restart_history if r.time == last.time), None)
+    return last if old is None or old.resumed_time is None else None
 
 
 def _condition_true(status: RLHFJobStatus, type_: str) -> bool:

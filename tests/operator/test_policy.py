@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,11 +16,13 @@ from rlhf_operator.policy import (
     HeartbeatView,
     Observed,
     RayJobView,
+    RoleView,
     StopRayJob,
     SubmitRayJob,
     backoff_seconds,
     decide,
     submission_id,
+    trainer_failure_summary,
 )
 from rlhfjob.api import Phase, RLHFJob
 from rlhfjob.config import parse_job
@@ -409,3 +412,155 @@ def test_a_running_driver_without_any_heartbeat_is_hung_after_the_progress_timeo
     )
     assert StopRayJob("job-12345678-0") in later.actions
     assert later.status.restart_history[-1].reason == "TrainerHung"
+
+
+# --- the recovery ladder and elastic roles (decision 5) ---------------------------------------
+
+
+def submitted(attempt: int = 0, **status: Any) -> dict[str, Any]:
+    """A running job whose current attempt the operator has submitted."""
+    return running(attempt, submissionId=f"job-12345678-{attempt}", observedGeneration=1, **status)
+
+
+def with_roles(**roles: tuple[int, int]) -> ClusterView:
+    return ready_cluster(roles={name: RoleView(*counts) for name, counts in roles.items()})
+
+
+def test_a_head_pod_not_ready_past_the_grace_recreates_the_cluster() -> None:
+    job = make_job(submitted(), liveness={"heartbeatTimeoutSeconds": 30})
+    blip = decide(
+        Observed(job=job, now=at(110), created=at(0),
+                 cluster=ready_cluster(head_not_ready_since=at(100)))
+    )  # fmt: skip
+    assert kinds(blip) == []
+    assert blip.requeue_after == pytest.approx(20)
+    lost = decide(
+        Observed(job=job, now=at(131), created=at(0),
+                 cluster=ready_cluster(head_not_ready_since=at(100)))
+    )  # fmt: skip
+    assert kinds(lost) == [DeleteCluster]
+    record = lost.status.restart_history[-1]
+    assert (record.reason, record.detection_seconds) == ("HeadLost", 31)
+    assert lost.status.phase == Phase.RECOVERING
+
+
+def test_a_submitted_job_ray_no_longer_knows_means_the_head_was_lost() -> None:
+    job = make_job(submitted(lastHeartbeatTime=at(90).isoformat()))
+    plan = decide(Observed(job=job, now=at(100), created=at(0), cluster=ready_cluster()))
+    assert kinds(plan) == [DeleteCluster]
+    assert plan.status.restart_history[-1].reason == "HeadLost"
+    assert plan.status.restart_history[-1].detection_seconds == 10
+    # Once the new cluster is up, attempt 1 is submitted, not the lost attempt 0 again.
+    job = make_job(plan.status.wire(), recovery={"backoffSeconds": 0})
+    again = decide(Observed(job=job, now=at(200), created=at(0), cluster=ready_cluster()))
+    assert SubmitRayJob("job-12345678-1", resume=False) in again.actions
+    assert again.status.submission_id == "job-12345678-1"
+
+
+def test_a_dashboard_silent_past_the_recovery_deadline_recreates_the_cluster() -> None:
+    job = make_job(submitted(), recovery={"clusterRecoveryTimeoutSeconds": 60})
+    down = Observed(job=job, now=at(100), created=at(0), cluster=ready_cluster(),
+                    dashboard_error="refused")  # fmt: skip
+    first = decide(down)
+    assert kinds(first) == []
+    job = make_job(first.status.wire(), recovery={"clusterRecoveryTimeoutSeconds": 60})
+    later = decide(replace(down, job=job, now=at(161)))
+    assert kinds(later) == [DeleteCluster]
+    assert later.status.restart_history[-1].reason == "ClusterUnhealthy"
+
+
+def test_the_next_attempt_waits_until_the_previous_driver_stopped() -> None:
+    job = make_job(
+        running(1, phase="Recovering", observedGeneration=1), recovery={"backoffSeconds": 0}
+    )
+    seen = Observed(job=job, now=at(100), created=at(0), cluster=ready_cluster(),
+                    previous_ray_job=ray_job("RUNNING", attempt=0))  # fmt: skip
+    plan = decide(seen)
+    assert plan.actions == [StopRayJob("job-12345678-0")]
+    assert "previous trainer" in plan.status.message
+    stopped = decide(replace(seen, previous_ray_job=ray_job("STOPPED", attempt=0)))
+    assert SubmitRayJob("job-12345678-1", resume=False) in stopped.actions
+
+
+def test_the_trainer_is_submitted_only_with_every_rank_and_enough_engines() -> None:
+    job = make_job(running(1, phase="Recovering", observedGeneration=1), recovery={"backoffSeconds": 0},
+                   roles={"rollout": {"replicas": 2, "minReplicas": 1}})  # fmt: skip
+    short = decide(Observed(job=job, now=at(100), created=at(0),
+                            cluster=with_roles(trainer=(1, 2), rollout=(1, 2))))  # fmt: skip
+    assert SubmitRayJob not in kinds(short)
+    assert "trainer 1/2 pods ready" in short.status.message
+    enough = decide(Observed(job=job, now=at(100), created=at(0),
+                             cluster=with_roles(trainer=(2, 2), rollout=(1, 2))))  # fmt: skip
+    assert SubmitRayJob in kinds(enough)
+
+
+def test_a_trainer_that_failed_with_its_pod_gone_restarts_as_trainer_pod_lost() -> None:
+    job = make_job(submitted())
+    final = "RLHFJOB_FINAL_STATUS code=1 reason=Failed message=ActorDiedError: rank 1 died"
+    seen = Observed(
+        job=job, now=at(100), created=at(0), cluster=with_roles(trainer=(1, 2)),
+        ray_job=ray_job("FAILED", exit_code=1, ended=at(97),
+                        message=f"Job entrypoint command failed with exit code 1, ...\n{final}\n"),
+    )  # fmt: skip
+    plan = decide(seen)
+    record = plan.status.restart_history[-1]
+    assert record.reason == "TrainerPodLost"
+    assert record.message == "trainer 1/2 pods ready; Failed: ActorDiedError: rank 1 died"
+    assert record.detection_seconds == 3
+
+
+def test_an_elastic_role_below_its_replicas_is_degraded_not_failed() -> None:
+    job = make_job(submitted(), roles={"rollout": {"replicas": 2, "minReplicas": 1}})
+    beat = HeartbeatView(renewed=at(99), step=7, attempt=0, rollout_engines=(1, 2))
+    seen = Observed(job=job, now=at(100), created=at(0), heartbeat=beat,
+                    cluster=with_roles(trainer=(2, 2), rollout=(1, 2)),
+                    ray_job=ray_job("RUNNING"))  # fmt: skip
+    plan = decide(seen)
+    assert plan.status.phase == Phase.RUNNING
+    degraded = next(c for c in plan.status.conditions if c.type == "Degraded")
+    assert degraded.status == "True"
+    assert degraded.message == "rollout 1/2 pods ready, 1/2 rollout engines"
+    assert [e.reason for e in plan.events] == ["Degraded"]
+    assert "degraded" in plan.status.message
+
+    # The pod is back but the engine has not rejoined yet: still degraded, no new Event.
+    job = make_job(plan.status.wire(), roles={"rollout": {"replicas": 2, "minReplicas": 1}})
+    pod_back = decide(replace(seen, job=job, cluster=with_roles(trainer=(2, 2), rollout=(2, 2))))
+    assert [c.status for c in pod_back.status.conditions if c.type == "Degraded"] == ["True"]
+    assert pod_back.events == []
+    job = make_job(pod_back.status.wire(), roles={"rollout": {"replicas": 2, "minReplicas": 1}})
+    rejoined = decide(
+        replace(seen, job=job, cluster=with_roles(trainer=(2, 2), rollout=(2, 2)),
+                heartbeat=replace(beat, rollout_engines=(2, 2)))
+    )  # fmt: skip
+    assert [c.status for c in rejoined.status.conditions if c.type == "Degraded"] == ["False"]
+    assert [e.reason for e in rejoined.events] == ["ReplicasRestored"]
+
+
+def test_the_first_step_past_the_checkpoint_marks_the_restart_resumed() -> None:
+    history = [{"time": at(100).isoformat(), "reason": "TrainerFailed", "resumedFromStep": 20,
+                "detectionSeconds": 2.0}]  # fmt: skip
+    job = make_job(submitted(1, restartHistory=history))
+    seen = Observed(job=job, now=at(115), created=at(0), cluster=ready_cluster(),
+                    ray_job=ray_job("RUNNING", attempt=1),
+                    heartbeat=HeartbeatView(renewed=at(112), step=20, attempt=1))  # fmt: skip
+    assert decide(seen).status.restart_history[-1].resumed_time is None  # restored, not trained
+    beat = HeartbeatView(renewed=at(114), step=21, attempt=1, step_changed=at(113))
+    plan = decide(replace(seen, heartbeat=beat))
+    assert plan.status.restart_history[-1].resumed_time == at(113)
+    resumed = [e for e in plan.events if e.reason == "Resumed"]
+    assert resumed and "15s after the TrainerFailed failure" in resumed[0].message
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("Job entrypoint command failed with exit code 137, last available logs (truncated):\n"
+         "step 3\nKilled\n", "Job entrypoint command failed with exit code 137"),
+        ("failed\nRLHFJOB_FINAL_STATUS code=3 reason=InvalidJob message=no module named x\n",
+         "InvalidJob: no module named x"),
+        ("", ""),
+    ],
+)  # fmt: skip
+def test_a_failed_ray_job_is_summed_up_in_one_line(message: str, expected: str) -> None:
+    assert trainer_failure_summary(message) == expected
