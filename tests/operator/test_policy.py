@@ -483,7 +483,8 @@ def test_the_next_attempt_waits_until_the_previous_driver_stopped() -> None:
 
 
 def test_the_trainer_is_submitted_only_with_every_rank_and_enough_engines() -> None:
-    job = make_job(running(1, phase="Recovering", observedGeneration=1), recovery={"backoffSeconds": 0},
+    recovering = running(1, phase="Recovering", observedGeneration=1)
+    job = make_job(recovering, recovery={"backoffSeconds": 0},
                    roles={"rollout": {"replicas": 2, "minReplicas": 1}})  # fmt: skip
     short = decide(Observed(job=job, now=at(100), created=at(0),
                             cluster=with_roles(trainer=(1, 2), rollout=(1, 2))))  # fmt: skip
