@@ -20,7 +20,6 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import yaml
 from kubernetes import client, config
 
 from rlhf_local import cluster
+from rlhf_local.faults import driver_pid
 from rlhf_local.operator_process import OperatorProcess, operator_kubeconfig
 from rlhf_local.paths import REPO_ROOT
 from rlhf_local.testing import LocalCluster
@@ -50,13 +50,6 @@ def _status_line(job: dict[str, Any]) -> str:
         f"/{status.get('totalSteps', '-')} restarts={status.get('restartCount', 0)} "
         f"checkpoint={checkpoint}  {status.get('message', '')[:60]}"
     )
-
-
-def _driver_pid(dashboard: str, submission_id: str) -> int | None:
-    with urllib.request.urlopen(f"{dashboard}/api/jobs/{submission_id}", timeout=10) as reply:
-        info = json.loads(reply.read())
-    pid = (info.get("driver_info") or {}).get("pid")
-    return int(pid) if pid else None
 
 
 def _plot(curve: list[tuple[int, float]], restarts: list[int], path: Path) -> None:
@@ -133,9 +126,7 @@ def run(out: Path, keep_cluster: bool = False) -> int:
                 break
             checkpoint = (status.get("lastCheckpoint") or {}).get("step")
             if injected_at is None and checkpoint and status.get("phase") == "Running":
-                attempt = status.get("restartCount", 0)
-                submission = f"{name}-{job['metadata']['uid'][:8]}-{attempt}"
-                pid = _driver_pid(status["dashboardUrl"], submission)
+                pid = driver_pid(status["dashboardUrl"], status["submissionId"])
                 if pid:
                     os.kill(pid, signal.SIGKILL)
                     injected_at = int(status.get("currentStep") or checkpoint)

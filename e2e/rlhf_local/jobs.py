@@ -2,16 +2,24 @@
 
 Used by the operator's e2e tests and its latency benchmark. Their driver is a Python one-liner
 (`spec.entrypoint`) rather than the trainer, so they test the operator's lifecycle quickly.
+`Jobs` reads and writes RLHFJobs (and looks at their RayClusters and pods) for tests.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
-from typing import Any
+import urllib.request
+from typing import TYPE_CHECKING, Any
 
 from rlhf_local import pools
+from rlhf_local.testing import LocalCluster, events_for, wait_for
+from rlhfjob import api
 from rlhfjob.invalid_cases import merge_patch, valid_job
+
+if TYPE_CHECKING:
+    from rlhf_local.operator_process import OperatorProcess
 
 GPU_TOLERATION = {"key": pools.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
@@ -50,3 +58,83 @@ def job_manifest(name: str, namespace: str, entrypoint: str, **spec: Any) -> dic
         },
     )
     return merge_patch(document, {"spec": spec})
+
+
+class Jobs:
+    """Reads and writes RLHFJobs in one namespace."""
+
+    def __init__(self, lc: LocalCluster, namespace: str) -> None:
+        self.lc, self.namespace = lc, namespace
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        self.lc.custom.create_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, manifest
+        )
+
+    def get(self, name: str) -> dict[str, Any]:
+        job: dict[str, Any] = self.lc.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name
+        )  # type: ignore[assignment]
+        return job
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.lc.custom.patch_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, {"spec": spec}
+        )
+
+    def phase(self, name: str) -> str | None:
+        return self.status(name).get("phase")
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        return next(
+            (c for c in self.status(name).get("conditions", []) if c["type"] == type_), None
+        )
+
+    def wait_phase(
+        self, name: str, phase: str, timeout: float, operator: OperatorProcess | None = None
+    ) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            job = self.get(name)
+            return job if (job.get("status") or {}).get("phase") == phase else None
+
+        def explain() -> str:
+            text = json.dumps(self.get(name).get("status"), indent=1)
+            return text + ("\n" + operator.log_tail(60) if operator else "")
+
+        return wait_for(reached, timeout, f"{name} to be {phase}", interval=0.5, details=explain)
+
+    def ray_cluster(self, name: str) -> dict[str, Any] | None:
+        listed: Any = self.lc.custom.list_namespaced_custom_object(
+            "ray.io", "v1", self.namespace, "rayclusters"
+        )
+        items: list[dict[str, Any]] = listed["items"]
+        return next((rc for rc in items if rc["metadata"]["name"] == name), None)
+
+    def dashboard(self, name: str) -> str:
+        cluster = self.ray_cluster(name)
+        assert cluster is not None, f"{name} has no RayCluster"
+        return str(cluster["metadata"]["annotations"]["rlhf.dev/dashboard-address"])
+
+    def ray_submissions(self, name: str) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"{self.dashboard(name)}/api/jobs/", timeout=10) as response:
+            listed: list[dict[str, Any]] = json.loads(response.read())
+        return listed
+
+    def events(self, name: str) -> list[Any]:
+        return events_for(self.lc, self.namespace, name)
+
+    def event_reasons(self, name: str) -> list[str]:
+        return [e.reason for e in self.events(name)]
+
+    def pods(self, cluster: str, group: str) -> list[Any]:
+        """The Ray pods of one group (``head`` for the head) that are not being deleted."""
+        selector = f"ray.io/cluster={cluster}," + (
+            "ray.io/node-type=head" if group == "head" else f"ray.io/group={group}"
+        )
+        listed: list[Any] = self.lc.core.list_namespaced_pod(
+            self.namespace, label_selector=selector
+        ).items
+        return [p for p in listed if p.metadata.deletion_timestamp is None]

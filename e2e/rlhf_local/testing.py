@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     timeout: float,
     what: str,
     interval: float = 0.25,

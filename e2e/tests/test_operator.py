@@ -7,75 +7,18 @@ with an injected failure, is what `rlhfjob demo` runs.
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlhf_local import pools
-from rlhf_local.jobs import FINISH_AT_ONCE, SLEEP_FOREVER, job_manifest
+from rlhf_local.jobs import FINISH_AT_ONCE, SLEEP_FOREVER, Jobs, job_manifest
 from rlhf_local.operator_process import OperatorProcess, metric_value
-from rlhf_local.testing import LocalCluster, events_for, wait_for
+from rlhf_local.testing import LocalCluster, wait_for
 from rlhfjob import api
 
 pytestmark = pytest.mark.e2e
-
-
-class Jobs:
-    """Reads and writes RLHFJobs in one namespace."""
-
-    def __init__(self, lc: LocalCluster, namespace: str) -> None:
-        self.lc, self.namespace = lc, namespace
-
-    def create(self, manifest: dict[str, Any]) -> None:
-        self.lc.custom.create_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.namespace, api.PLURAL, manifest
-        )
-
-    def get(self, name: str) -> dict[str, Any]:
-        return dict(
-            self.lc.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, self.namespace, api.PLURAL, name
-            )
-        )
-
-    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
-        self.lc.custom.patch_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, {"spec": spec}
-        )
-
-    def phase(self, name: str) -> str | None:
-        return (self.get(name).get("status") or {}).get("phase")
-
-    def wait_phase(self, name: str, phase: str, timeout: float, operator: OperatorProcess) -> dict:
-        def reached() -> dict[str, Any] | None:
-            job = self.get(name)
-            return job if (job.get("status") or {}).get("phase") == phase else None
-
-        def explain() -> str:
-            job = self.get(name)
-            return json.dumps(job.get("status"), indent=1) + "\n" + operator.log_tail(40)
-
-        return wait_for(reached, timeout, f"{name} to be {phase}", interval=0.5, details=explain)
-
-    def ray_cluster(self, name: str) -> dict[str, Any] | None:
-        items = self.lc.custom.list_namespaced_custom_object(
-            "ray.io", "v1", self.namespace, "rayclusters"
-        )["items"]
-        return next((rc for rc in items if rc["metadata"]["name"] == name), None)
-
-    def ray_submissions(self, name: str) -> list[dict[str, Any]]:
-        cluster = self.ray_cluster(name)
-        assert cluster is not None
-        dashboard = cluster["metadata"]["annotations"]["rlhf.dev/dashboard-address"]
-        with urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10) as response:
-            listed: list[dict[str, Any]] = json.loads(response.read())
-        return listed
-
-    def event_reasons(self, name: str) -> list[str]:
-        return [e.reason for e in events_for(self.lc, self.namespace, name)]
 
 
 @pytest.fixture

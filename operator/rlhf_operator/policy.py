@@ -326,6 +326,7 @@ class _Planner:
             self.act(StopRayJob(self.seen.ray_job.submission_id))
         if self.seen.cluster and not self.seen.cluster.deleting:
             self.act(DeleteCluster("suspended"))
+        self.status.submission_id = None
         self.enter(Phase.SUSPENDED, "suspended: cluster released, checkpoints kept")
         self.condition(SUSPENDED, True, "Suspended", "spec.suspend is true")
         self.condition(TRAINER_RUNNING, False, "Suspended")
@@ -354,6 +355,7 @@ class _Planner:
         self.status.start_time = self.status.start_time or self.seen.now
         cluster = self.seen.cluster
         if cluster is None or cluster.deleting:
+            self.status.submission_id = None  # no Ray job outlives its cluster
             self.act(ApplyCluster())
             if self.status.phase in (Phase.PENDING, Phase.PROVISIONING):
                 self.enter(Phase.PROVISIONING, "creating the RayCluster", reason="Provisioning")

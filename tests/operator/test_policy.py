@@ -565,3 +565,14 @@ def test_the_first_step_past_the_checkpoint_marks_the_restart_resumed() -> None:
 )  # fmt: skip
 def test_a_failed_ray_job_is_summed_up_in_one_line(message: str, expected: str) -> None:
     assert trainer_failure_summary(message) == expected
+
+
+def test_a_job_resumed_from_suspension_is_submitted_again_not_taken_for_head_loss() -> None:
+    job = make_job(submitted(), suspend=True)
+    suspended = decide(Observed(job=job, now=at(100), created=at(0), cluster=ready_cluster()))
+    assert suspended.status.submission_id is None
+    job = make_job({**suspended.status.wire(), "observedGeneration": 2}, suspend=False)
+    job.metadata.generation = 2
+    back = decide(Observed(job=job, now=at(200), created=at(0), cluster=ready_cluster()))
+    assert SubmitRayJob("job-12345678-0", resume=False) in back.actions
+    assert back.status.restart_count == 0

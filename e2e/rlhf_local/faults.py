@@ -1,0 +1,222 @@
+"""Fault injection against a real training job on the local cluster.
+
+Shared by the e2e fault suite (`e2e/tests/test_faults.py`) and the recovery benchmark
+(`benchmarks/recovery.py`). Each injector does what a real failure does: SIGKILL or SIGSTOP the
+trainer's driver process (found through the Ray dashboard, since the stand-in's Ray nodes are
+local processes), delete a Ray pod (KubeRay replaces it; the stand-in kills that pod's Ray node),
+or corrupt a checkpoint on disk. `TrainingRecord` then reads what the trainer wrote (its step
+log and checkpoints) to check that every step after the last checkpoint was trained once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_local.jobs import Jobs
+from rlhf_local.operator_process import OperatorProcess
+from rlhf_local.paths import REPO_ROOT
+from rlhf_local.testing import wait_for
+from rlhfjob.invalid_cases import merge_patch
+
+EXAMPLE = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"
+STEP_LOG = "metrics.jsonl"
+
+
+def fault_job(name: str, namespace: str, checkpoints: Path, **spec: Any) -> dict[str, Any]:
+    """The tiny GRPO example, tuned to fail often and recover fast.
+
+    One trainer rank and two rollout engines of which one may be lost (``minReplicas: 1``), a
+    checkpoint every 4 steps with every checkpoint kept (so a lost one shows), a 1 s heartbeat
+    judged stale after 10 s, and 1 s of backoff.
+    """
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document = merge_patch(
+        document,
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "algorithm": {"totalSteps": 24},
+                "roles": {"trainer": {"replicas": 1}, "rollout": {"minReplicas": 1}},
+                "checkpoint": {"path": str(checkpoints), "intervalSteps": 4, "keepLast": 100},
+                "liveness": {
+                    "heartbeatIntervalSeconds": 1,
+                    "heartbeatTimeoutSeconds": 10,
+                    "progressTimeoutSeconds": 300,
+                },
+                "recovery": {
+                    "maxRestarts": 3,
+                    "backoffSeconds": 1,
+                    "clusterRecoveryTimeoutSeconds": 300,
+                },
+            },
+        },
+    )
+    return merge_patch(document, {"spec": spec})
+
+
+# --- injectors ----------------------------------------------------------------------------------
+
+
+def driver_pid(dashboard: str, submission_id: str) -> int | None:
+    """The trainer driver's process id, as the Ray dashboard reports it."""
+    with urllib.request.urlopen(f"{dashboard}/api/jobs/{submission_id}", timeout=10) as reply:
+        info = json.loads(reply.read())
+    pid = (info.get("driver_info") or {}).get("pid")
+    return int(pid) if pid else None
+
+
+def signal_driver(jobs: Jobs, name: str, signum: int) -> int:
+    """Send `signum` to the running driver of the job's current attempt; returns its pid."""
+    status = jobs.status(name)
+    pid = driver_pid(jobs.dashboard(name), status["submissionId"])
+    assert pid, f"no driver pid for {status['submissionId']}"
+    os.kill(pid, signum)
+    return pid
+
+
+def kill_driver(jobs: Jobs, name: str) -> int:
+    """SIGKILL, as the OOM killer would."""
+    return signal_driver(jobs, name, signal.SIGKILL)
+
+
+def freeze_driver(jobs: Jobs, name: str) -> int:
+    """SIGSTOP: the process lives on but does nothing, heartbeat thread included (a hang)."""
+    return signal_driver(jobs, name, signal.SIGSTOP)
+
+
+def delete_pod(jobs: Jobs, cluster: str, group: str) -> str:
+    """Delete one Ray pod of `group` (``head``, ``trainer``, ``rollout``), as a node loss would."""
+    pods = jobs.pods(cluster, group)
+    assert pods, f"no {group} pod in {cluster}"
+    pod = sorted(pods, key=lambda p: p.metadata.name)[-1]
+    jobs.lc.core.delete_namespaced_pod(pod.metadata.name, jobs.namespace, grace_period_seconds=0)
+    return str(pod.metadata.name)
+
+
+def corrupt_checkpoint(step_dir: Path) -> Path:
+    """Flip bytes in the largest file of a checkpoint, so its hash no longer matches."""
+    files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != "manifest.json"]
+    target = max(files, key=lambda p: p.stat().st_size)
+    data = bytearray(target.read_bytes())
+    for index in range(0, len(data), max(1, len(data) // 64)):
+        data[index] ^= 0xFF
+    target.write_bytes(bytes(data))
+    return target
+
+
+# --- what the trainer wrote ---------------------------------------------------------------------
+
+
+@dataclass
+class TrainingRecord:
+    """A job's step log and checkpoints, read back from its checkpoint directory."""
+
+    run_dir: Path
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any]) -> TrainingRecord:
+        spec, meta = manifest["spec"], manifest["metadata"]
+        return cls(Path(spec["checkpoint"]["path"]) / meta["namespace"] / meta["name"])
+
+    def records(self) -> list[dict[str, Any]]:
+        path = self.run_dir / STEP_LOG
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed driver
+        return out
+
+    def steps_by_attempt(self) -> dict[int, list[int]]:
+        """The steps each driver attempt logged, in the order it logged them."""
+        attempts: dict[int, list[int]] = {}
+        for record in self.records():
+            attempts.setdefault(int(record.get("attempt", 0)), []).append(int(record["step"]))
+        return attempts
+
+    def last_step(self) -> int:
+        records = self.records()
+        return int(records[-1]["step"]) if records else 0
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps of the checkpoints that verify (manifest, sizes and hashes)."""
+        from rlhf_trainer.checkpoint import STEP_DIR_PREFIX, CheckpointError, read_checkpoint
+
+        steps = []
+        for path in sorted(self.run_dir.glob(f"{STEP_DIR_PREFIX}*")):
+            try:
+                steps.append(read_checkpoint(path).step)
+            except CheckpointError:
+                continue
+        return steps
+
+    def newest_checkpoint(self) -> int | None:
+        steps = self.checkpoint_steps()
+        return steps[-1] if steps else None
+
+    def step_dir(self, step: int) -> Path:
+        return self.run_dir / f"step-{step:08d}"
+
+    def lineage_problems(self, resumed_from: list[int | None], total_steps: int) -> list[str]:
+        """What breaks "every step trained once after the last checkpoint", if anything.
+
+        `resumed_from[k]` is the checkpoint attempt k+1 had to resume from (None: the start):
+        the newest complete checkpoint when attempt k died. Attempt 0 trains from step 1, each
+        later attempt from its checkpoint + 1, every attempt step by step, the last one to the
+        end.
+        """
+        attempts = self.steps_by_attempt()
+        problems = []
+        if sorted(attempts) != list(range(len(resumed_from) + 1)):
+            problems.append(f"attempts {sorted(attempts)}, expected {len(resumed_from) + 1}")
+        for attempt, steps in sorted(attempts.items()):
+            if attempt == 0:
+                start = 1
+            elif attempt - 1 < len(resumed_from):
+                start = (resumed_from[attempt - 1] or 0) + 1
+            else:
+                continue
+            expected = list(range(start, start + len(steps)))
+            if steps != expected:
+                problems.append(f"attempt {attempt} trained steps {steps}, expected {expected}")
+        last = attempts[max(attempts)] if attempts else []
+        if not last or last[-1] != total_steps:
+            problems.append(f"the last attempt ended at {last[-1:]} instead of {total_steps}")
+        return problems
+
+
+def wait_for_step(
+    jobs: Jobs, name: str, step: int, timeout: float, operator: OperatorProcess | None = None
+) -> int:
+    """Wait until the job reports training at `step` or later; returns the step reported."""
+
+    def reached() -> int | None:
+        current = jobs.status(name).get("currentStep") or 0
+        return int(current) if current >= step and jobs.phase(name) == "Running" else None
+
+    def explain() -> str:
+        tail = f"\n{operator.log_tail(60)}" if operator else ""
+        return json.dumps(jobs.status(name), indent=1) + tail
+
+    return wait_for(reached, timeout, f"{name} to reach step {step}", interval=0.2, details=explain)
+
+
+def wait_for_restart(jobs: Jobs, name: str, count: int, timeout: float) -> dict[str, Any]:
+    """Wait until the operator recorded restart number `count`; returns its record."""
+
+    def recorded() -> dict[str, Any] | None:
+        history = jobs.status(name).get("restartHistory") or []
+        return history[count - 1] if len(history) >= count else None
+
+    return wait_for(recorded, timeout, f"restart {count} of {name}", interval=0.1)
