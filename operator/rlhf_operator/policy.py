@@ -589,7 +589,9 @@ class _Planner:
             self.status.message = f"waiting for Ray pods before starting the trainer: {missing}"
             self.requeue(2)
             return
-        resume = self.status.last_checkpoint is not None
+        # The trainer's disk is the truth: any restart asks for the newest complete checkpoint,
+        # even one the Lease never reported ("latest" starts from step 0 when there is none).
+        resume = self.status.last_checkpoint is not None or self.status.restart_count > 0
         self.act(SubmitRayJob(self.attempt_id(), resume=resume))
         self.status.submission_id = self.attempt_id()
         if self.status.phase != Phase.RUNNING:

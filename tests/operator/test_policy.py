@@ -453,7 +453,7 @@ def test_a_submitted_job_ray_no_longer_knows_means_the_head_was_lost() -> None:
     # Once the new cluster is up, attempt 1 is submitted, not the lost attempt 0 again.
     job = make_job(plan.status.wire(), recovery={"backoffSeconds": 0})
     again = decide(Observed(job=job, now=at(200), created=at(0), cluster=ready_cluster()))
-    assert SubmitRayJob("job-12345678-1", resume=False) in again.actions
+    assert SubmitRayJob("job-12345678-1", resume=True) in again.actions
     assert again.status.submission_id == "job-12345678-1"
 
 
@@ -479,7 +479,7 @@ def test_the_next_attempt_waits_until_the_previous_driver_stopped() -> None:
     assert plan.actions == [StopRayJob("job-12345678-0")]
     assert "previous trainer" in plan.status.message
     stopped = decide(replace(seen, previous_ray_job=ray_job("STOPPED", attempt=0)))
-    assert SubmitRayJob("job-12345678-1", resume=False) in stopped.actions
+    assert SubmitRayJob("job-12345678-1", resume=True) in stopped.actions
 
 
 def test_the_trainer_is_submitted_only_with_every_rank_and_enough_engines() -> None:
