@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,6 +34,7 @@ from rlhf_trainer.loop import progress_line  # noqa: E402
 from rlhfjob import cli  # noqa: E402
 from rlhfjob.api import ray_resource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
+from rlhfjob.contract import ENV_ATTEMPT as ATTEMPT  # noqa: E402
 from rlhfjob.contract import FINAL_STATUS_PREFIX, ExitCode  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,12 +178,14 @@ def ray_address() -> Iterator[str]:
             head.wait()
 
 
-def job_file(directory: Path) -> Path:
+def job_file(directory: Path, engines: int = 1, min_engines: int | None = None) -> Path:
     """The GRPO example, shortened to 6 steps with a checkpoint every 2, one rollout engine."""
     document = yaml.safe_load(EXAMPLE.read_text())
     spec = document["spec"]
     spec["algorithm"]["totalSteps"] = TOTAL_STEPS
-    spec["roles"]["rollout"]["replicas"] = 1
+    spec["roles"]["rollout"]["replicas"] = engines
+    if min_engines is not None:
+        spec["roles"]["rollout"]["minReplicas"] = min_engines
     spec["checkpoint"].update(path=str(directory / "checkpoints"), intervalSteps=2, keepLast=10)
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -195,9 +199,10 @@ def run_dir(directory: Path) -> Path:
 class Driver:
     """`rlhfjob train` in a child process, its output in a file."""
 
-    def __init__(self, job: Path, ray_address: str, *args: str) -> None:
+    def __init__(self, job: Path, ray_address: str, *args: str, attempt: int = 0) -> None:
         self.log = job.parent / f"driver-{time.monotonic_ns()}.log"
-        env = {**RAY_ENV, "RAY_ADDRESS": ray_address}
+        env = {**RAY_ENV, "RAY_ADDRESS": ray_address, ATTEMPT: str(attempt)}
+        self.started_at = time.time()
         with self.log.open("w") as output:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "rlhfjob.cli", "train", "--config", str(job), *args],
@@ -270,17 +275,32 @@ def test_stopped_and_resumed_training_equals_uninterrupted_training(ray_address,
     assert stopped_at and max(stopped_at) < TOTAL_STEPS
 
     # Resume, then SIGKILL (no chance to clean up) once a later checkpoint exists.
-    second = Driver(resumed_job, ray_address, "--resume-from", "latest")
+    second = Driver(resumed_job, ray_address, "--resume-from", "latest", attempt=1)
     later = CheckpointStore(root).step_dir(max(stopped_at) + 2)
     wait_for(lambda: second.alive() and later.is_dir(), RUN_TIMEOUT_S, f"{later.name}")
     second.process.kill()
     second.wait()
     assert "resuming from" in second.output()
+    assert "starting actors" in second.output()  # the first driver took its actors along
 
-    third = Driver(resumed_job, ray_address, "--resume-from", "latest")
+    # The killed driver's actors are still there: the next driver adopts them (warm restart).
+    third = Driver(resumed_job, ray_address, "--resume-from", "latest", attempt=2)
     assert third.wait() == ExitCode.SUCCEEDED, third.output()[-3000:]
     assert straight.wait() == ExitCode.SUCCEEDED, straight.output()[-3000:]
+    adopted = re.search(r"adopted (\d+) actors from the previous attempt", third.output())
+    assert adopted and int(adopted[1]) == 3, third.output()[-3000:]  # 2 policy ranks, 1 engine
     assert_only_complete_checkpoints(resumed_dir)
+    resumed_at = CheckpointStore(root).latest_complete()
+    lines = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
+    by_third = [line for line in lines if line["attempt"] == 2]
+    resumed = re.search(r"resuming from \S+ \(step (\d+)\)", third.output())
+    assert resumed is not None
+    checkpoint_step = int(resumed[1])
+    assert resumed_at is not None and resumed_at.step == TOTAL_STEPS
+    # Every step after the checkpoint it resumed from, trained once by the third driver.
+    assert [line["step"] for line in by_third] == list(range(checkpoint_step + 1, TOTAL_STEPS + 1))
+    warm_seconds = by_third[0]["time"] - third.started_at
+    print(f"warm restart: driver start to its first trained step in {warm_seconds:.1f} s")
 
     straight_rewards = [
         r["reward_mean"] for r in read_step_log(run_dir(straight_dir) / "metrics.jsonl")
@@ -293,3 +313,47 @@ def test_stopped_and_resumed_training_equals_uninterrupted_training(ray_address,
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
+    ray_address, tmp_path, monkeypatch
+):
+    """Kill one of two engines' processes: the driver carries on with one, starts a
+    replacement, syncs it and generates with both again; the Lease and step log say so."""
+    ray = pytest.importorskip("ray")
+    from rlhf_trainer.adoption import ray_namespace
+
+    job = job_file(tmp_path, engines=2, min_engines=1)
+    driver = Driver(job, ray_address)
+    log = run_dir(tmp_path) / "metrics.jsonl"
+    wait_for(lambda: driver.alive() and log.is_file(), RUN_TIMEOUT_S, "the first step")
+
+    for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
+        monkeypatch.setenv(key, RAY_ENV[key])
+    ray.init(address=ray_address, namespace=ray_namespace(load_job(job)), log_to_driver=False)
+    try:
+        os.kill(ray.get(ray.get_actor("rollout-engine-1").pid.remote()), signal.SIGKILL)
+        wait_for(lambda: driver.alive() and "starting rollout engine 2" in driver.output(),
+                 RUN_TIMEOUT_S, "a replacement")  # fmt: skip
+        # Hold the driver until the replacement is up, so it rejoins before the last step.
+        driver.process.send_signal(signal.SIGSTOP)
+        try:
+            replacement = ray.get_actor("rollout-engine-2")
+            ray.get(replacement.ping.remote(), timeout=RUN_TIMEOUT_S)
+        finally:
+            driver.process.send_signal(signal.SIGCONT)
+    finally:
+        ray.shutdown()
+
+    assert driver.wait() == ExitCode.SUCCEEDED, driver.output()[-3000:]
+    output = driver.output()
+    assert "rollout engine 1 lost during" in output
+    assert "continuing with 1/2 engines" in output
+    assert "rollout engine 2 rejoined; 2/2 engines" in output
+    records = read_step_log(log)
+    assert [r["step"] for r in records] == list(range(1, TOTAL_STEPS + 1))  # each step once
+    engines = [r["rollout_engines"] for r in records]
+    assert 1 in engines and engines[-1] == 2, engines
+    assert engines.index(1) < len(engines) - 1 - engines[::-1].index(2)
+    assert {r["attempt"] for r in records} == {0}

@@ -116,6 +116,7 @@ def test_annotation_keys_are_the_shared_contract() -> None:
         hb.ANNOTATION_CHECKPOINT_STEP: contract.LEASE_CHECKPOINT_STEP,
         hb.ANNOTATION_CHECKPOINT_PATH: contract.LEASE_CHECKPOINT_PATH,
         hb.ANNOTATION_ATTEMPT: contract.LEASE_ATTEMPT,
+        hb.ANNOTATION_ROLLOUT_ENGINES: contract.LEASE_ROLLOUT_ENGINES,
     }
     for ours, shared in keys.items():
         assert ours == shared
@@ -173,6 +174,18 @@ def test_step_time_moves_only_when_the_step_advances(api: FakeLeaseApi, now: Fak
     heartbeat.update(step=2)
     heartbeat.renew()
     assert api.lease().metadata.annotations["rlhf.dev/step-time"] == hb.format_time(now.now)
+
+
+def test_live_and_desired_rollout_engines_are_reported(api: FakeLeaseApi, now: FakeNow) -> None:
+    heartbeat = make(api, now)
+    heartbeat.update(step=4, rollout_engines="1/2")
+    heartbeat.update(step=5)  # left as None: still one of two
+    heartbeat.renew()
+    assert api.lease().metadata.annotations[contract.LEASE_ROLLOUT_ENGINES] == "1/2"
+    heartbeat.update(rollout_engines="2/2")
+    heartbeat.renew()
+    assert api.lease().metadata.annotations[contract.LEASE_ROLLOUT_ENGINES] == "2/2"
+    NoopHeartbeat().update(rollout_engines="0/2")  # the same call works without a Lease
 
 
 def test_update_keeps_fields_left_as_none(api: FakeLeaseApi, now: FakeNow) -> None:

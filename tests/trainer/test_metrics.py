@@ -179,6 +179,25 @@ def test_jsonl_log_has_one_line_per_step_with_the_same_numbers(
     assert set(first) - {"entropy"} == set(second) == m._STANDARD_RECORD_KEYS
 
 
+def test_rollout_engines_and_the_attempt_are_in_every_record(tmp_path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    metrics = TrainerMetrics(jsonl_path=log, attempt=3)
+    first = metrics.end_step(1, reward_mean=0.0, reward_std=0.0)
+    assert (first["rollout_engines"], first["attempt"]) == (None, 3)  # not reported yet
+    metrics.set_rollout_engines(live=1, desired=2)
+    second = metrics.end_step(2, reward_mean=0.0, reward_std=0.0)
+    assert (second["rollout_engines"], second["attempt"]) == (1, 3)
+    assert [json.loads(line)["rollout_engines"] for line in log.read_text().splitlines()] == [
+        None,
+        1,
+    ]
+    samples = scrape(metrics)
+    assert value(samples, m.ROLLOUT_ENGINES, state="live") == 1
+    assert value(samples, m.ROLLOUT_ENGINES, state="desired") == 2
+    metrics.record_startup(4.5)
+    assert value(scrape(metrics), m.STARTUP_SECONDS) == 4.5
+
+
 def test_extra_fields_cannot_shadow_standard_ones() -> None:
     with pytest.raises(ValueError, match="reward_mean"):
         TrainerMetrics().end_step(1, reward_mean=0.0, reward_std=0.0, extra={"reward_mean": 1.0})

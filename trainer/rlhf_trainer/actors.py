@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from rlhf_trainer import algorithms as alg
 from rlhf_trainer import checkpoint as ckpt
 from rlhf_trainer import weight_sync as ws
+from rlhf_trainer.adoption import spec_digest, spec_json
 from rlhf_trainer.batch import Batch, ShardPlan
 from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
 from rlhf_trainer.zero import deepspeed_config, lr_multiplier
@@ -73,8 +74,11 @@ class ZeroWorker:
 
     def __init__(self, spec_json: str, rank: int, world_size: int) -> None:
         self.spec = RLHFJobSpec.model_validate_json(spec_json)
+        self.spec_digest = spec_digest(spec_json)
         self.rank = rank
         self.world_size = world_size
+        self.ready = False
+        """True once `setup` built the engines (a driver may adopt only a ready rank)."""
         self.on_gpu = torch.cuda.is_available()
         if self.on_gpu:
             # vLLM's workers run NCCL with cuMem off; the weight-sync group's NCCL communicator
@@ -114,6 +118,20 @@ class ZeroWorker:
             verbose=False,
         )
         self._build(total_optimizer_steps)
+        self.ready = True
+
+    def ping(self) -> dict[str, Any]:
+        """Cheap liveness check for adoption: which spec, rank and group, and whether set up.
+
+        A rank still busy with a dead driver's call (stuck in a collective, say) cannot answer,
+        which is what keeps a restarted driver from adopting it.
+        """
+        return {
+            "spec": self.spec_digest,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "ready": self.ready,
+        }
 
     def _build(self, total_optimizer_steps: int) -> None:
         raise NotImplementedError
@@ -313,13 +331,35 @@ class PolicyWorker(ZeroWorker):
 
     # -- weight sync to the rollout engines (rank 0 sends; see rlhf_trainer.weight_sync) -----
 
-    def open_weight_sync(self, world_size: int) -> ws.SyncGroupInfo:
-        """Rank 0: open the sync group's store for `world_size` ranks (this one included)."""
-        self.sender = ws.WeightSyncSender(world_size, backend="nccl" if self.on_gpu else "gloo")
+    sender: ws.WeightSyncSender | None = None
+
+    def open_weight_sync(
+        self, world_size: int, timeout_s: float = 120.0, connect_timeout_s: float = 600.0
+    ) -> ws.SyncGroupInfo:
+        """Rank 0: open a new sync group's store for `world_size` ranks (this one included).
+
+        The previous group, if any, is closed first: the driver builds a new group whenever the
+        set of rollout engines changes (and an adopted rank may hold a dead driver's group).
+        """
+        self.close_weight_sync()
+        self.sender = ws.WeightSyncSender(
+            world_size,
+            backend="nccl" if self.on_gpu else "gloo",
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+        )
         return self.sender.info
+
+    def close_weight_sync(self) -> None:
+        sender: ws.WeightSyncSender | None = getattr(self, "sender", None)
+        if sender is not None:
+            sender.close()
+        self.sender = None
 
     def connect_weight_sync(self) -> None:
         """Rank 0: wait until every rollout worker has joined the sync group."""
+        if self.sender is None:
+            raise ws.WeightSyncError("open_weight_sync() first")
         self.sender.connect()
 
     def weight_sync_plan(self, version: int) -> ws.SyncPlan:
@@ -329,13 +369,22 @@ class PolicyWorker(ZeroWorker):
         return ws.plan_weight_sync(metadata, version, bucket_bytes)
 
     def send_weights(self, plan: ws.SyncPlan) -> ws.SyncStats | None:
-        """Gather parameters a module at a time (all ranks); rank 0 broadcasts them."""
+        """Gather parameters a module at a time (all ranks); rank 0 broadcasts them.
+
+        The gathers are collective, so every rank runs the iterator to its end, rank 0 too when
+        its send fails part-way (a rollout engine died): otherwise the other ranks would wait
+        in a gather forever and the next call would pair mismatched collectives.
+        """
         parameters = ws.iter_zero3_parameters(self.engine.module)
-        if self.rank == 0:
-            return self.sender.send(plan, parameters)
-        for _ in parameters:  # the gathers are collective: drain in step with rank 0
-            pass
-        return None
+        try:
+            if self.rank == 0:
+                if self.sender is None:
+                    raise ws.WeightSyncError("open_weight_sync() first")
+                return self.sender.send(plan, parameters)
+            return None
+        finally:
+            for _ in parameters:
+                pass
 
     def save(self, directory: str) -> None:
         self._save_engine(self.engine, Path(directory) / "policy")
@@ -420,12 +469,19 @@ class CriticWorker(ZeroWorker):
         self._load_engine(self.engine, Path(directory) / "critic")
 
 
+def rank_name(role: str, rank: int) -> str:
+    """The actor name of one rank of a role (named actors live in the job's Ray namespace)."""
+    return f"{role}-rank-{rank}"
+
+
 class WorkerGroup:
     """The driver's handle on one role's ranks: start them, call them all, gather results.
 
     Each rank is a Ray actor that requests one unit of the role's custom resource (and one GPU
     when the role has GPUs), so it lands on the role's node pool. Construction starts the ranks
-    and returns; `wait_ready` waits for them, so several groups can start side by side.
+    and returns; `wait_ready` waits for them, so several groups can start side by side. With
+    `detached`, the ranks are named (`rank_name`) and outlive the driver, and `adopt` finds them
+    again from the next driver (see `rlhf_trainer.adoption`).
     """
 
     def __init__(
@@ -436,26 +492,73 @@ class WorkerGroup:
         role_spec: RoleSpec,
         total_optimizer_steps: int,
         setup_timeout_s: float = 600.0,
+        *,
+        detached: bool = False,
     ) -> None:
         import ray
 
+        self._init(spec, role, role_spec, setup_timeout_s)
+        on_gpu = role_spec.gpus > 0
+        actor_class: Any = ray.remote(worker_class)
+        options: dict[str, Any] = {
+            "num_cpus": 0 if not on_gpu else 1,
+            "num_gpus": 1 if on_gpu else 0,
+            "resources": {ray_resource(role): 1},
+            "max_restarts": 0,
+        }
+        json_text = spec_json(spec)
+        for rank in range(self.world_size):
+            naming = {"name": rank_name(role, rank), "lifetime": "detached"} if detached else {}
+            self.actors.append(
+                actor_class.options(**options, **naming).remote(json_text, rank, self.world_size)
+            )
+        address, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=setup_timeout_s)
+        self._setup += [a.setup.remote(address, port, total_optimizer_steps) for a in self.actors]
+
+    def _init(
+        self, spec: RLHFJobSpec, role: str, role_spec: RoleSpec, setup_timeout_s: float
+    ) -> None:
         self.role = role
         self.world_size = role_spec.replicas * actor_slots(role_spec)
         self.plan = ShardPlan(rollout_rows(spec), self.world_size, spec.algorithm.micro_batch_size)
-        on_gpu = role_spec.gpus > 0
-        actor_class = ray.remote(worker_class).options(
-            num_cpus=0 if not on_gpu else 1,
-            num_gpus=1 if on_gpu else 0,
-            resources={ray_resource(role): 1},
-            max_restarts=0,
-        )
-        spec_json = spec.model_dump_json(by_alias=True)
-        self.actors: list[Any] = [
-            actor_class.remote(spec_json, rank, self.world_size) for rank in range(self.world_size)
-        ]
         self.setup_timeout_s = setup_timeout_s
-        address, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=setup_timeout_s)
-        self._setup = [a.setup.remote(address, port, total_optimizer_steps) for a in self.actors]
+        self.actors: list[Any] = []
+        self._setup: list[Any] = []
+
+    @classmethod
+    def adopt(
+        cls,
+        spec: RLHFJobSpec,
+        role: str,
+        role_spec: RoleSpec,
+        timeout_s: float,
+        setup_timeout_s: float = 600.0,
+    ) -> WorkerGroup | None:
+        """The role's ranks left by a previous driver, if every one exists, is set up for this
+        spec and answers `ZeroWorker.ping` within `timeout_s`; otherwise None."""
+        import ray
+        from ray.exceptions import RayError
+
+        group = cls.__new__(cls)
+        group._init(spec, role, role_spec, setup_timeout_s)
+        try:
+            group.actors = [ray.get_actor(rank_name(role, r)) for r in range(group.world_size)]
+        except ValueError:  # a rank is missing
+            return None
+        refs = [actor.ping.remote() for actor in group.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            return None
+        try:
+            answers = ray.get(refs)
+        except RayError:
+            return None
+        digest = spec_digest(spec_json(spec))
+        expected = [
+            {"spec": digest, "rank": rank, "world_size": group.world_size, "ready": True}
+            for rank in range(group.world_size)
+        ]
+        return group if answers == expected else None
 
     def wait_ready(self) -> WorkerGroup:
         """Block until every rank has joined the group and built its engines."""

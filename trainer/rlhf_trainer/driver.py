@@ -82,17 +82,25 @@ def local_ray_resources(spec: RLHFJobSpec) -> dict[str, float]:
     }
 
 
-def connect_ray(spec: RLHFJobSpec) -> bool:
-    """Join the cluster at `RAY_ADDRESS`, or start a local Ray; True when this started it."""
+def connect_ray(job: RLHFJob) -> bool:
+    """Join the cluster at `RAY_ADDRESS`, or start a local Ray; True when this started it.
+
+    The driver works in its job's Ray namespace (`rlhf_trainer.adoption.ray_namespace`), where
+    its named actors live and where a restarted driver finds them.
+    """
     import ray
 
+    from rlhf_trainer.adoption import ray_namespace
+
     log_to_driver = os.environ.get(ENV_ACTOR_LOGS) == "1"
+    namespace = ray_namespace(job)
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=log_to_driver)
+        ray.init(namespace=namespace, log_to_driver=log_to_driver)
         return False
     ray.init(
+        namespace=namespace,
         num_cpus=os.cpu_count() or 1,
-        resources=local_ray_resources(spec),
+        resources=local_ray_resources(job.spec),
         include_dashboard=False,
         log_to_driver=log_to_driver,
     )
@@ -119,6 +127,7 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
     """Run one training job; returns the process exit code."""
     import ray
 
+    from rlhf_trainer.adoption import kill_job_actors
     from rlhf_trainer.loop import NonRetryableError, Trainer, load_inputs
     from rlhf_trainer.metrics import serve_metrics
 
@@ -128,13 +137,12 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
     trainer: Trainer | None = None
     try:
         inputs = load_inputs(job.spec)
-        started_ray = connect_ray(job.spec)
+        started_ray = connect_ray(job)
         stop.install()  # after ray.init, which installs a SIGTERM handler that just exits
-        trainer = Trainer(job, inputs, stop.requested)
+        trainer = Trainer(job, inputs, stop.requested, resume_from)
         if metrics_port is not None:
             serve_metrics(trainer.metrics.registry, metrics_port)
-        if resume_from:
-            trainer.restore(resume_from)
+        trainer.restore()
         started, first_step = time.perf_counter(), trainer.step
         finished = trainer.run()
         done = f"{trainer.step - first_step} steps in {time.perf_counter() - started:.0f} s"
@@ -154,6 +162,13 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
         if trainer is not None:
             with contextlib.suppress(Exception):
                 trainer.finish()
+        # Leaving on its own, the driver takes its actors along (an error may have broken
+        # one); only a driver killed outright leaves them for the next attempt to adopt.
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):
+                if trainer is not None:
+                    trainer.shutdown()
+                kill_job_actors()
         if started_ray:
             ray.shutdown()
     print(final_status(code, message), flush=True)

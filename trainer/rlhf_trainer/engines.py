@@ -4,7 +4,8 @@
   sampling written out here, so log-probs and seeding are exactly what this module documents.
 * `VLLMEngine`: vLLM 0.24's offline `LLM` on GPUs, token ids in and out (no tokenizer). vLLM is
   imported lazily: CPU code never imports it.
-* `RolloutEngineActor` / `create_rollout_engines`: one engine per Ray actor on the rollout pool.
+* `RolloutEngineActor` / `EngineLauncher` / `create_rollout_engines`: one engine per Ray actor
+  on the rollout pool.
 
 Log-probs (both engines)
 ------------------------
@@ -551,10 +552,19 @@ class RolloutEngineActor:
     """One engine inside a Ray actor; its methods are the engine's (see the module docstring).
 
     `create_rollout_engines` starts these; the driver calls ``generate``, ``policy_version``,
-    ``load_weights`` and the four weight-sync methods with ``.remote(...)``.
+    ``load_weights`` and the four weight-sync methods with ``.remote(...)``. `tag` identifies
+    the job spec that started it, so a later driver adopts only engines of its own spec
+    (``ping``).
     """
 
-    def __init__(self, backend: EngineBackend, model: ModelSource, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        backend: EngineBackend,
+        model: ModelSource,
+        options: dict[str, Any],
+        tag: str = "",
+    ) -> None:
+        self.tag = tag
         self.engine: HFEngine | VLLMEngine
         if backend == "hf":
             self.engine = HFEngine(model, **options)
@@ -562,6 +572,10 @@ class RolloutEngineActor:
             self.engine = VLLMEngine(model, **options)
         else:
             raise ValueError(f"unknown rollout backend {backend!r}")
+
+    def ping(self) -> str:
+        """Cheap liveness check; returns the tag (a driver adopting engines compares it)."""
+        return self.tag
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams
@@ -594,6 +608,92 @@ class RolloutEngineActor:
         return os.getpid()
 
 
+ENGINE_NAME_PREFIX = "rollout-engine-"
+"""Named engines are ``rollout-engine-<id>`` in the job's Ray namespace."""
+
+
+def engine_name(engine_id: int) -> str:
+    return f"{ENGINE_NAME_PREFIX}{engine_id}"
+
+
+def engine_id_from_name(name: str) -> int | None:
+    """The id in an engine's actor name, or None for another actor's name."""
+    suffix = name.removeprefix(ENGINE_NAME_PREFIX)
+    return int(suffix) if suffix != name and suffix.isdigit() else None
+
+
+class EngineLauncher:
+    """Starts rollout engine actors on the rollout pool, each one the same way.
+
+    Each actor requests one unit of the rollout role's Ray resource (``rlhf-role-rollout``,
+    `rlhfjob.api.ray_resource`), so it lands on a rollout node, plus ``tensor_parallel_size``
+    GPUs for vLLM. HF engines reserve no CPU by default (`num_cpus`): the role resource already
+    bounds how many share a node. `num_gpus` overrides the GPU request (e.g. a fraction to share
+    one GPU with the trainer). With `detached`, engines are named (`engine_name`) and outlive the
+    driver, so a restarted driver can adopt them (the driver's Ray namespace keeps jobs apart).
+
+    `start` is asynchronous: an engine that cannot be placed yet (no rollout node has a free
+    slot) waits in Ray's queue until one joins. ``ray.get`` any method (e.g. ``ping``) to wait.
+    """
+
+    def __init__(
+        self,
+        spec: RolloutRoleSpec,
+        model: ModelSource,
+        *,
+        seed: int = 0,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        engine_options: dict[str, Any] | None = None,
+        detached: bool = False,
+        tag: str = "",
+    ) -> None:
+        from rlhfjob import api
+
+        self.spec = spec
+        self.model = model
+        self.seed = seed
+        self.detached = detached
+        self.tag = tag
+        options: dict[str, Any] = dict(engine_options or {})
+        resources = {api.ray_resource("rollout"): 1}
+        if spec.backend == "vllm":
+            options.setdefault("tensor_parallel_size", spec.tensor_parallel_size)
+            options.setdefault("gpu_memory_utilization", spec.gpu_memory_utilization)
+            options.setdefault("enforce_eager", enforce_eager)
+            options.setdefault("max_model_len", max_model_len)
+            self.actor_options: dict[str, Any] = {
+                "num_gpus": spec.tensor_parallel_size if num_gpus is None else num_gpus,
+                "num_cpus": 1 if num_cpus is None else num_cpus,
+                "resources": resources,
+            }
+        else:
+            self.actor_options = {
+                "num_gpus": 0 if num_gpus is None else num_gpus,
+                "num_cpus": 0 if num_cpus is None else num_cpus,
+                "resources": resources,
+            }
+        self.actor_options["max_restarts"] = 0  # a lost engine is replaced by a new one
+        self.options = options
+
+    def start(self, engine_id: int) -> Any:
+        """Start engine `engine_id` (its vLLM seed and, if detached, its name derive from it)."""
+        import ray
+
+        options = dict(self.options)
+        if self.spec.backend == "vllm":
+            options.setdefault("seed", derive_seed(self.seed, engine_id) % 2**31)
+        actor_options = dict(self.actor_options)
+        if self.detached:
+            actor_options.update(name=engine_name(engine_id), lifetime="detached")
+        actor_class = ray.remote(RolloutEngineActor)
+        return actor_class.options(**actor_options).remote(
+            self.spec.backend, self.model, options, self.tag
+        )
+
+
 def create_rollout_engines(
     spec: RolloutRoleSpec,
     model: ModelSource,
@@ -606,50 +706,27 @@ def create_rollout_engines(
     num_gpus: float | None = None,
     engine_options: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """Start `count` rollout engines as Ray actors on the rollout pool.
+    """Start `count` rollout engines as Ray actors on the rollout pool (see `EngineLauncher`).
 
-    Each actor requests one unit of the rollout role's Ray resource (``rlhf-role-rollout``,
-    `rlhfjob.api.ray_resource`), so it lands on a rollout node, plus ``tensor_parallel_size``
-    GPUs for vLLM. `count` defaults to every slot of the role (``replicas`` x engines per
-    replica). HF engines reserve no CPU by default (`num_cpus`): the role resource already
-    bounds how many share a node. `num_gpus` overrides the GPU request (e.g. a fraction to share
-    one GPU with the trainer). Construction is asynchronous: ``ray.get`` any method (e.g.
-    ``policy_version``) to wait until an engine is up.
+    `count` defaults to every slot of the role (``replicas`` x engines per replica).
+    Construction is asynchronous: ``ray.get`` any method (e.g. ``policy_version``) to wait
+    until an engine is up.
     """
-    import ray
-
     from rlhfjob import api
 
     if count is None:
         count = spec.replicas * api.actor_slots(spec)
-    options: dict[str, Any] = dict(engine_options or {})
-    resources = {api.ray_resource("rollout"): 1}
-    if spec.backend == "vllm":
-        options.setdefault("tensor_parallel_size", spec.tensor_parallel_size)
-        options.setdefault("gpu_memory_utilization", spec.gpu_memory_utilization)
-        options.setdefault("enforce_eager", enforce_eager)
-        options.setdefault("max_model_len", max_model_len)
-        actor_options = {
-            "num_gpus": spec.tensor_parallel_size if num_gpus is None else num_gpus,
-            "num_cpus": 1 if num_cpus is None else num_cpus,
-            "resources": resources,
-        }
-    else:
-        actor_options = {
-            "num_gpus": 0 if num_gpus is None else num_gpus,
-            "num_cpus": 0 if num_cpus is None else num_cpus,
-            "resources": resources,
-        }
-    actor_class = ray.remote(RolloutEngineActor)
-    engines = []
-    for index in range(count):
-        engine_options_i = dict(options)
-        if spec.backend == "vllm":
-            engine_options_i.setdefault("seed", derive_seed(seed, index) % 2**31)
-        engines.append(
-            actor_class.options(**actor_options).remote(spec.backend, model, engine_options_i)
-        )
-    return engines
+    launcher = EngineLauncher(
+        spec,
+        model,
+        seed=seed,
+        enforce_eager=enforce_eager,
+        max_model_len=max_model_len,
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        engine_options=engine_options,
+    )
+    return [launcher.start(index) for index in range(count)]
 
 
 if TYPE_CHECKING:  # mypy: both engines implement the protocol

@@ -14,6 +14,8 @@ these annotations, whose keys are defined once in :mod:`rlhfjob.contract` for bo
 ``rlhf.dev/checkpoint-path``   directory of that checkpoint
 ``rlhf.dev/attempt``           which restart this driver is (``$RLHF_ATTEMPT``), so the
                                operator can ignore a stale writer from an earlier attempt
+``rlhf.dev/rollout-engines``   ``<live>/<desired>`` rollout engines (``1/2`` while one of two
+                               is lost or rejoining: rollout is elastic)
 =============================  =============================================================
 
 A stale ``renewTime`` means the driver is hung or dead; a fresh ``renewTime`` with an old
@@ -47,6 +49,7 @@ ANNOTATION_PHASE = contract.LEASE_PHASE
 ANNOTATION_CHECKPOINT_STEP = contract.LEASE_CHECKPOINT_STEP
 ANNOTATION_CHECKPOINT_PATH = contract.LEASE_CHECKPOINT_PATH
 ANNOTATION_ATTEMPT = contract.LEASE_ATTEMPT
+ANNOTATION_ROLLOUT_ENGINES = contract.LEASE_ROLLOUT_ENGINES
 
 _SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _HTTP_CONFLICT = 409
@@ -72,6 +75,8 @@ class TrainingProgress:
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
     attempt: int | None = None
+    rollout_engines: str | None = None
+    """``<live>/<desired>``, e.g. ``1/2``."""
 
     def annotations(self) -> dict[str, str]:
         values = {
@@ -82,6 +87,7 @@ class TrainingProgress:
             ANNOTATION_CHECKPOINT_STEP: self.checkpoint_step,
             ANNOTATION_CHECKPOINT_PATH: self.checkpoint_path,
             ANNOTATION_ATTEMPT: self.attempt,
+            ANNOTATION_ROLLOUT_ENGINES: self.rollout_engines,
         }
         return {key: str(value) for key, value in values.items() if value is not None}
 
@@ -163,6 +169,7 @@ class Heartbeat:
         phase: str | None = None,
         checkpoint_step: int | None = None,
         checkpoint_path: str | None = None,
+        rollout_engines: str | None = None,
     ) -> None:
         """Record progress for the next renewal. Arguments left as ``None`` keep their value."""
         with self._lock:
@@ -175,6 +182,8 @@ class Heartbeat:
                 progress = replace(progress, checkpoint_step=checkpoint_step)
             if checkpoint_path is not None:
                 progress = replace(progress, checkpoint_path=checkpoint_path)
+            if rollout_engines is not None:
+                progress = replace(progress, rollout_engines=rollout_engines)
             self._progress = progress
 
     def renew(self) -> bool:
@@ -281,6 +290,7 @@ class NoopHeartbeat:
         phase: str | None = None,
         checkpoint_step: int | None = None,
         checkpoint_path: str | None = None,
+        rollout_engines: str | None = None,
     ) -> None:
         """Accepted and ignored."""
 

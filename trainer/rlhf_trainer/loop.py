@@ -31,9 +31,11 @@ from torch import Tensor
 from rlhf_trainer import metrics as m
 from rlhf_trainer.actors import CriticWorker, PolicyWorker, ReferenceWorker, WorkerGroup
 from rlhf_trainer.actors import total_steps as count_steps
+from rlhf_trainer.adoption import adoption_timeout_s, kill_job_actors, spec_digest, spec_json
 from rlhf_trainer.algorithms import kl_estimate, masked_mean
 from rlhf_trainer.batch import Batch, build_batch
 from rlhf_trainer.checkpoint import (
+    Checkpoint,
     CheckpointError,
     CheckpointStore,
     read_checkpoint,
@@ -41,7 +43,7 @@ from rlhf_trainer.checkpoint import (
 )
 from rlhf_trainer.curves import plot_reward_curve, read_step_log
 from rlhf_trainer.data import DataPosition, PromptItem, PromptIterator, load_prompts
-from rlhf_trainer.engines import ModelSource, create_rollout_engines
+from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
 from rlhf_trainer.experience import (
     Rollout,
     flatten_completions,
@@ -49,18 +51,22 @@ from rlhf_trainer.experience import (
     ppo_advantages,
     step_seed,
 )
-from rlhf_trainer.fleet import RolloutFleet, WeightSyncLink
+from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.heartbeat import make_heartbeat
 from rlhf_trainer.models import model_config
 from rlhf_trainer.rewards import RewardFunctionError, RuleReward
 from rlhf_trainer.rollout import SamplingParams
 from rlhfjob import contract
-from rlhfjob.api import RLHFJob, RLHFJobSpec
+from rlhfjob.api import RLHFJob, RLHFJobSpec, RoleSpec, actor_slots
 
 STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
 SYNTHETIC_DATASET_SIZE = 1024
 """Prompts drawn for a `synthetic:<task>` dataset."""
+SETUP_TIMEOUT_S = 600.0
+"""How long actors may take to start (a cold start builds every model)."""
+ADOPTED_ENGINE_GRACE_S = 2.0
+"""After a warm restart, how long to wait for engines beyond the minimum before training."""
 
 
 class NonRetryableError(Exception):
@@ -133,32 +139,56 @@ class StepResult:
 
 
 class Trainer:
-    """The actors of one run and the training loop over them."""
+    """The actors of one run and the training loop over them.
 
-    def __init__(self, job: RLHFJob, inputs: Inputs, stop: threading.Event) -> None:
+    With `detached` (the driver's way) the actors outlive this process: a later driver of the
+    same job and spec that resumes from a checkpoint adopts them instead of starting new ones
+    (`rlhf_trainer.adoption`); `shutdown` kills them.
+    """
+
+    policy: WorkerGroup
+    fleet: RolloutFleet
+
+    def __init__(
+        self,
+        job: RLHFJob,
+        inputs: Inputs,
+        stop: threading.Event,
+        resume_from: str | None = None,
+        *,
+        detached: bool = True,
+    ) -> None:
         spec = job.spec
         self.job = job
         self.spec = spec
         self.algorithm = spec.algorithm
         self.inputs = inputs
         self.stop = stop
+        self.detached = detached
         self.total_steps = count_steps(spec, len(inputs.prompts))
         self.run_dir = Path(contract.checkpoint_dir(job))
         self.store = CheckpointStore(self.run_dir, keep_last=spec.checkpoint.keep_last)
         self.data = self._prompt_iterator(DataPosition())
-        self.metrics = m.TrainerMetrics(jsonl_path=self.run_dir / STEP_LOG)
+        self.attempt = int(os.environ.get(contract.ENV_ATTEMPT, "0"))
+        self.metrics = m.TrainerMetrics(jsonl_path=self.run_dir / STEP_LOG, attempt=self.attempt)
         self.heartbeat = make_heartbeat(
             os.environ.get(contract.ENV_JOB_NAME),
             os.environ.get(contract.ENV_JOB_NAMESPACE),
             interval_seconds=spec.liveness.heartbeat_interval_seconds,
             lease_duration_seconds=spec.liveness.heartbeat_timeout_seconds,
-            attempt=int(os.environ.get(contract.ENV_ATTEMPT, "0")),
+            attempt=self.attempt,
             total_steps=self.total_steps,
         )
         self.step = 0
         self.version = 0
         """Policy version: the number of updates so far; every weight sync carries it."""
         self.checkpointed_step: int | None = None
+        self.resume_checkpoint = self._find_checkpoint(resume_from) if resume_from else None
+        self.adopted = 0
+        """Actors adopted from the previous attempt (0: a cold start)."""
+        self.startup_seconds = 0.0
+        self.reference: WorkerGroup | None = None
+        self.critic: WorkerGroup | None = None
         # Beat from the start: booting the actors can take minutes, and the operator must be
         # able to tell a slow start (heartbeats, step 0) from a dead driver (none).
         self.heartbeat.update(step=self.step, phase="starting")
@@ -169,32 +199,146 @@ class Trainer:
             self.heartbeat.stop()
             raise
 
+    # -- actors -------------------------------------------------------------------------------
+
     def _start_actors(self) -> None:
-        """Start every role at once (actors boot and build their engines concurrently)."""
+        """Adopt the previous attempt's actors if possible, else start every role at once
+        (actors boot and build their engines concurrently)."""
         spec, roles = self.spec, self.spec.roles
         started = time.perf_counter()
-        optimizer_steps = self.total_steps * self.algorithm.update_epochs
-        self.policy = WorkerGroup(PolicyWorker, spec, "trainer", roles.trainer, optimizer_steps)
-        self.reference: WorkerGroup | None = None
-        if roles.reference is not None:
-            self.reference = WorkerGroup(ReferenceWorker, spec, "reference", roles.reference, 0)
-        self.critic: WorkerGroup | None = None
-        if self.algorithm.name == "ppo":
-            assert roles.critic is not None  # the API requires it for PPO
-            self.critic = WorkerGroup(CriticWorker, spec, "critic", roles.critic, optimizer_steps)
         rollout, seed = roles.rollout, self.algorithm.seed
+        slots = actor_slots(rollout)
+        minimum = rollout.min_replicas if rollout.min_replicas is not None else rollout.replicas
         source = ModelSource.from_spec(spec.model, seed=seed, on_gpu=rollout.gpus > 0)
-        options = {"num_threads": 1} if rollout.backend == "hf" else {}
-        engines = create_rollout_engines(rollout, source, seed=seed, engine_options=options)
+        self.launcher = EngineLauncher(
+            rollout,
+            source,
+            seed=seed,
+            engine_options={"num_threads": 1} if rollout.backend == "hf" else {},
+            detached=self.detached,
+            tag=spec_digest(spec_json(spec)),
+        )
+        engines = self._adopt() if self.detached and self.resume_checkpoint is not None else None
+        if engines is None:
+            if self.detached:
+                kill_job_actors(self.log)  # whatever an earlier attempt left is not trusted
+            self.log("starting actors")
+            self._start_groups()
+        self.fleet = RolloutFleet(
+            self.policy,
+            self.launcher.start,
+            desired=self._desired_engines,
+            minimum=minimum * slots,
+            log=self.log,
+            on_change=self._report_engines,
+        )
+        self._report_engines(0, self.fleet.desired)
+        for engine_id, actor in sorted((engines or {}).items()):
+            self.fleet.add(engine_id, actor)
+        self.fleet.start(max(0, self.fleet.desired - len(self.fleet.starting)))
         for group in self.groups:
             group.wait_ready()
-        self.fleet = RolloutFleet(engines)
-        self.weight_sync = WeightSyncLink(self.policy, engines)
-        self.log(f"actors ready in {time.perf_counter() - started:.1f} s")
+        if engines is not None and len(engines) >= max(self.fleet.minimum, 1):
+            # Adopted engines answer at once; replacements of missing ones join later.
+            self.fleet.wait_ready(SETUP_TIMEOUT_S, grace_s=ADOPTED_ENGINE_GRACE_S)
+        else:
+            self.fleet.wait_ready(SETUP_TIMEOUT_S)
+        self.startup_seconds = time.perf_counter() - started
+        self.metrics.record_startup(self.startup_seconds)
+        how = (
+            f"adopted {self.adopted} actors from the previous attempt"
+            if self.adopted
+            else "started"
+        )
+        self.log(f"actors ready in {self.startup_seconds:.1f} s ({how})")
+
+    def _start_groups(self) -> None:
+        """Start the ZeRO-3 groups; they build their engines while the rollout engines start."""
+        spec, roles = self.spec, self.spec.roles
+        steps = self.total_steps * self.algorithm.update_epochs
+        options: dict[str, Any] = {"setup_timeout_s": SETUP_TIMEOUT_S, "detached": self.detached}
+        self.policy = WorkerGroup(PolicyWorker, spec, "trainer", roles.trainer, steps, **options)
+        if roles.reference is not None:
+            self.reference = WorkerGroup(
+                ReferenceWorker, spec, "reference", roles.reference, 0, **options
+            )
+        if self.algorithm.name == "ppo":
+            assert roles.critic is not None  # the API requires it for PPO
+            self.critic = WorkerGroup(CriticWorker, spec, "critic", roles.critic, steps, **options)
+
+    def _adopt(self) -> dict[int, Any] | None:
+        """The previous attempt's actors, if every ZeRO-3 rank is there and answers in time:
+        the groups are set and the live engines returned by id (missing ones are started
+        later). None: start cold."""
+        spec, roles = self.spec, self.spec.roles
+        timeout = adoption_timeout_s()
+        names = ray.util.list_named_actors()
+        if not names:
+            return None
+        wanted: list[tuple[str, RoleSpec]] = [("trainer", roles.trainer)]
+        if roles.reference is not None:
+            wanted.append(("reference", roles.reference))
+        if self.algorithm.name == "ppo":
+            assert roles.critic is not None
+            wanted.append(("critic", roles.critic))
+        groups = {}
+        for role, role_spec in wanted:
+            group = WorkerGroup.adopt(spec, role, role_spec, timeout, SETUP_TIMEOUT_S)
+            if group is None:
+                self.log(f"the previous attempt's {role} ranks are missing or do not answer")
+                return None
+            groups[role] = group
+        candidates = {}
+        for name in names:
+            engine_id = engine_id_from_name(name)
+            if engine_id is not None:
+                with contextlib.suppress(ValueError):
+                    candidates[engine_id] = ray.get_actor(name)
+        refs: dict[int, Any] = {
+            engine_id: actor.ping.remote() for engine_id, actor in candidates.items()
+        }
+        ready = set()
+        if refs:
+            ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)[0])
+        engines: dict[int, Any] = {}
+        for engine_id, ref in sorted(refs.items()):
+            answer: Any = None
+            if ref in ready:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    answer = ray.get(ref)
+            if answer == self.launcher.tag and len(engines) < self._desired_engines:
+                engines[engine_id] = candidates[engine_id]
+            else:  # dead, stuck, of another spec, or one too many
+                ray.kill(candidates[engine_id], no_restart=True)
+        self.policy = groups["trainer"]
+        self.reference = groups.get("reference")
+        self.critic = groups.get("critic")
+        self.adopted = sum(len(g.actors) for g in groups.values()) + len(engines)
+        self.log(f"adopting {self.adopted} actors from the previous attempt")
+        return engines
+
+    @property
+    def _desired_engines(self) -> int:
+        rollout = self.spec.roles.rollout
+        return rollout.replicas * actor_slots(rollout)
+
+    def shutdown(self) -> None:
+        """Kill this run's actors (a driver leaving on its own: the next attempt starts cold)."""
+        fleet: RolloutFleet | None = getattr(self, "fleet", None)
+        if fleet is not None:
+            fleet.shutdown()
+        for group in self.groups:
+            with contextlib.suppress(Exception):
+                group.shutdown()
+
+    def _report_engines(self, live: int, desired: int) -> None:
+        self.metrics.set_rollout_engines(live, desired)
+        self.heartbeat.update(rollout_engines=f"{live}/{desired}")
 
     @property
     def groups(self) -> list[WorkerGroup]:
-        return [g for g in (self.policy, self.reference, self.critic) if g is not None]
+        policy: WorkerGroup | None = getattr(self, "policy", None)
+        return [g for g in (policy, self.reference, self.critic) if g is not None]
 
     @property
     def has_reference(self) -> bool:
@@ -220,18 +364,27 @@ class Trainer:
 
     # -- checkpoints and weight sync ----------------------------------------------------------
 
-    def restore(self, resume_from: str) -> None:
-        """Load a checkpoint: a path, or `latest` (the newest complete one; none: start over)."""
+    def _find_checkpoint(self, resume_from: str) -> Checkpoint | None:
+        """A checkpoint path, or `latest` (the newest complete one; None if there is none)."""
         if resume_from == "latest":
             checkpoint = self.store.latest_complete()
             if checkpoint is None:
                 self.log(f"no complete checkpoint under {self.run_dir}; starting from step 0")
-                return
+            return checkpoint
+        try:
+            return read_checkpoint(Path(resume_from))
+        except CheckpointError as error:
+            raise NonRetryableError(str(error)) from error
+
+    def restore(self, resume_from: str | None = None) -> None:
+        """Load a checkpoint into the ranks (fresh or adopted ones): by default the one given
+        to the constructor; a path; or `latest` (the newest complete one; none: start over)."""
+        if resume_from is None:
+            checkpoint = self.resume_checkpoint
         else:
-            try:
-                checkpoint = read_checkpoint(Path(resume_from))
-            except CheckpointError as error:
-                raise NonRetryableError(str(error)) from error
+            checkpoint = self._find_checkpoint(resume_from)
+        if checkpoint is None:
+            return
         self.log(f"resuming from {checkpoint.path} (step {checkpoint.step})")
         refs = [ref for g in self.groups for ref in g.submit("load", str(checkpoint.path))]
         WorkerGroup.wait(refs)
@@ -257,7 +410,7 @@ class Trainer:
 
     def sync_weights(self) -> None:
         with self.phase(m.PHASE_SYNC):
-            result = self.weight_sync.sync(self.version)
+            result = self.fleet.sync(self.version)
         self.metrics.record_weight_sync(result.seconds, result.bytes)
 
     # -- one step -----------------------------------------------------------------------------
@@ -265,6 +418,8 @@ class Trainer:
     def run_step(self) -> StepResult:
         step = self.step + 1
         self.metrics.begin_step()
+        with self.phase(m.PHASE_SYNC):
+            self.fleet.maintain()  # engines back from a lost node get the weights first
         rollout = self._generate(step)
         version_lag = self.version - min(rollout.policy_versions)  # 0: fully on-policy
         with self.phase(m.PHASE_REWARD):

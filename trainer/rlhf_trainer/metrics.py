@@ -47,6 +47,8 @@ POLICY_LOSS = "rlhf_trainer_policy_loss"
 VALUE_LOSS = "rlhf_trainer_value_loss"
 POLICY_VERSION_LAG = "rlhf_trainer_policy_version_lag"
 CHECKPOINTS_TOTAL = "rlhf_trainer_checkpoints_total"
+ROLLOUT_ENGINES = "rlhf_trainer_rollout_engines"
+STARTUP_SECONDS = "rlhf_trainer_startup_seconds"
 
 METRIC_NAMES = (
     STEP,
@@ -63,9 +65,14 @@ METRIC_NAMES = (
     VALUE_LOSS,
     POLICY_VERSION_LAG,
     CHECKPOINTS_TOTAL,
+    ROLLOUT_ENGINES,
+    STARTUP_SECONDS,
 )
 
 PHASE_LABEL = "phase"
+STATE_LABEL = "state"
+ENGINES_LIVE = "live"
+ENGINES_DESIRED = "desired"
 PHASE_GENERATE = "generate"
 PHASE_REWARD = "reward"
 PHASE_REFERENCE = "reference"
@@ -106,6 +113,8 @@ _STANDARD_RECORD_KEYS = frozenset(
         "weight_sync_seconds",
         "weight_sync_bytes",
         "checkpoints",
+        "rollout_engines",
+        "attempt",
     }
 )
 """Keys of every JSON-lines record (see :meth:`TrainerMetrics.end_step`)."""
@@ -122,7 +131,8 @@ class TrainerMetrics:
     Durations and counts reported during a step (phases, generation, weight sync, checkpoints)
     are accumulated and written, with the step's scalars, as one JSON object per line by
     :meth:`end_step`. A resumed run appends to the same file, so a step may appear twice; the
-    later line wins.
+    later line wins. Every record carries the driver's `attempt` (so a log can be grouped by
+    attempt) and the number of live rollout engines.
     """
 
     def __init__(
@@ -130,9 +140,12 @@ class TrainerMetrics:
         registry: CollectorRegistry | None = None,
         jsonl_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        attempt: int = 0,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._clock = clock
+        self.attempt = attempt
+        self._rollout_engines: int | None = None
         self._lock = threading.Lock()
         self.jsonl_path = Path(jsonl_path) if jsonl_path is not None else None
         if self.jsonl_path is not None:
@@ -190,6 +203,17 @@ class TrainerMetrics:
         )
         self.checkpoints = Counter(
             _counter_base(CHECKPOINTS_TOTAL), "Checkpoints completed.", registry=registry
+        )
+        self.rollout_engines = Gauge(
+            ROLLOUT_ENGINES,
+            "Rollout engines: live (generating) and desired (the role's slots).",
+            [STATE_LABEL],
+            registry=registry,
+        )
+        self.startup_seconds = Gauge(
+            STARTUP_SECONDS,
+            "Seconds the driver took to start or adopt its actors (last start).",
+            registry=registry,
         )
         for phase in PHASES:  # expose every phase from the start, so dashboards see zeros
             self.phase_duration.labels(phase)
@@ -250,6 +274,17 @@ class TrainerMetrics:
             self._pending["weight_sync_seconds"] += seconds
             self._pending["weight_sync_bytes"] += num_bytes
 
+    def set_rollout_engines(self, live: int, desired: int) -> None:
+        """The rollout engines now live out of those desired (elastic rollout)."""
+        self.rollout_engines.labels(ENGINES_LIVE).set(live)
+        self.rollout_engines.labels(ENGINES_DESIRED).set(desired)
+        with self._lock:
+            self._rollout_engines = live
+
+    def record_startup(self, seconds: float) -> None:
+        """How long the driver took to have its actors ready."""
+        self.startup_seconds.set(seconds)
+
     def record_checkpoint(self) -> None:
         """A checkpoint completed."""
         self.checkpoints.inc()
@@ -282,6 +317,7 @@ class TrainerMetrics:
             step_seconds = now - self._step_started_at
             self._step_started_at = now
             pending, self._pending = self._pending, self._empty_step_record()
+            rollout_engines = self._rollout_engines
 
         self.step.set(step)
         self.step_duration.observe(step_seconds)
@@ -311,6 +347,8 @@ class TrainerMetrics:
             "value_loss": value_loss,
             "policy_version_lag": policy_version_lag,
             "generated_tokens_per_second": tokens_per_second,
+            "rollout_engines": rollout_engines,
+            "attempt": self.attempt,
             **pending,
             **dict(extra or {}),
         }
