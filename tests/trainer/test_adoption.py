@@ -1,19 +1,27 @@
-"""Naming a run's actors so that a restarted driver can adopt them (the pure parts)."""
+"""Naming a run's actors so that a restarted driver can adopt them, and the adoption rules."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from rlhf_trainer.actors import rank_name
+import pytest
+
+from rlhf_trainer.actors import WorkerGroup, ZeroWorker, rank_name
 from rlhf_trainer.adoption import (
     DEFAULT_ADOPT_TIMEOUT_S,
     ENV_ADOPT_TIMEOUT,
     adoption_timeout_s,
+    kill_job_actors,
     ray_namespace,
     spec_digest,
     spec_json,
 )
 from rlhf_trainer.engines import engine_id_from_name, engine_name
+from rlhfjob.api import ray_resource
 from rlhfjob.config import load_job
 from rlhfjob.contract import ENV_JOB_NAME, ENV_JOB_NAMESPACE
 
@@ -70,3 +78,84 @@ def test_actor_names_round_trip() -> None:
 def test_the_adoption_timeout_is_configurable() -> None:
     assert adoption_timeout_s({}) == DEFAULT_ADOPT_TIMEOUT_S
     assert adoption_timeout_s({ENV_ADOPT_TIMEOUT: "1.5"}) == 1.5
+
+
+# --------------------------------------------------------------------------------------------
+# Adopting ranks on a real Ray (stand-in ranks: no DeepSpeed, just the adoption protocol)
+
+
+def stand_in_rank() -> type[ZeroWorker]:
+    """A rank that sets up instantly and can be made busy, as if stuck in a collective.
+
+    Defined in a function so that Ray ships the class by value (workers cannot import tests).
+    """
+
+    class StandInRank(ZeroWorker):
+        def setup(self, master_addr: str, master_port: int, total_optimizer_steps: int) -> None:
+            self.ready = True
+
+        def busy(self) -> None:
+            threading.Event().wait()  # until the actor is killed
+
+    return StandInRank
+
+
+@pytest.fixture(scope="module")
+def ray_namespace_of_a_job() -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    ray.init(
+        num_cpus=1,
+        resources={ray_resource("trainer"): 2},
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="test-adoption",
+    )
+    yield ray
+    ray.shutdown()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_ranks_are_adopted_only_when_all_answer_for_the_same_spec(ray_namespace_of_a_job):
+    ray = ray_namespace_of_a_job
+    spec = load_job(EXAMPLE).spec  # two trainer ranks
+    role = spec.roles.trainer
+    group = WorkerGroup(stand_in_rank(), spec, "trainer", role, 1, detached=True).wait_ready()
+    try:
+        assert sorted(ray.util.list_named_actors()) == ["trainer-rank-0", "trainer-rank-1"]
+        adopted = WorkerGroup.adopt(spec, "trainer", role, timeout_s=30)
+        assert adopted is not None
+        assert [a._actor_id for a in adopted.actors] == [a._actor_id for a in group.actors]
+
+        other = spec.model_copy(update={"image": "ghcr.io/rlhfjob/trainer:0.2.0"})
+        assert WorkerGroup.adopt(other, "trainer", role, timeout_s=30) is None
+        assert WorkerGroup.adopt(spec, "reference", role, timeout_s=30) is None  # none there
+
+        group.actors[1].busy.remote()  # e.g. still in a collective of the dead driver
+        started = time.monotonic()
+        assert WorkerGroup.adopt(spec, "trainer", role, timeout_s=1) is None
+        assert time.monotonic() - started < 10
+    finally:
+        assert kill_job_actors() == 2
+    assert ray.util.list_named_actors() == []  # the names are free for a cold start
+
+
+@pytest.mark.slow
+def test_a_missing_rank_means_a_cold_start(ray_namespace_of_a_job):
+    ray = ray_namespace_of_a_job
+    spec = load_job(EXAMPLE).spec
+    role = spec.roles.trainer
+    group = WorkerGroup(stand_in_rank(), spec, "trainer", role, 1, detached=True).wait_ready()
+    try:
+        ray.kill(group.actors[0], no_restart=True)
+        wait_for(lambda: "trainer-rank-0" not in ray.util.list_named_actors(), 30, "rank 0 gone")
+        assert WorkerGroup.adopt(spec, "trainer", role, timeout_s=30) is None
+    finally:
+        kill_job_actors()

@@ -320,7 +320,7 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
     ray_address, tmp_path, monkeypatch
 ):
     """Kill one of two engines' processes: the driver carries on with one, starts a
-    replacement, syncs it and generates with both again; the Lease and step log say so."""
+    replacement, syncs it and generates with both again; its log and step log say so."""
     ray = pytest.importorskip("ray")
     from rlhf_trainer.adoption import ray_namespace
 
@@ -334,8 +334,8 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
     ray.init(address=ray_address, namespace=ray_namespace(load_job(job)), log_to_driver=False)
     try:
         os.kill(ray.get(ray.get_actor("rollout-engine-1").pid.remote()), signal.SIGKILL)
-        wait_for(lambda: driver.alive() and "starting rollout engine 2" in driver.output(),
-                 RUN_TIMEOUT_S, "a replacement")  # fmt: skip
+        replacing = "starting rollout engine 2"
+        wait_for(lambda: driver.alive() and replacing in driver.output(), RUN_TIMEOUT_S, replacing)
         # Hold the driver until the replacement is up, so it rejoins before the last step.
         driver.process.send_signal(signal.SIGSTOP)
         try:
@@ -343,10 +343,12 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
             ray.get(replacement.ping.remote(), timeout=RUN_TIMEOUT_S)
         finally:
             driver.process.send_signal(signal.SIGCONT)
+        assert driver.wait() == ExitCode.SUCCEEDED, driver.output()[-3000:]
+        # A driver that finishes takes its actors along (none is left for a next attempt).
+        wait_for(lambda: not ray.util.list_named_actors(), 60, "the job's actors to go")
     finally:
         ray.shutdown()
 
-    assert driver.wait() == ExitCode.SUCCEEDED, driver.output()[-3000:]
     output = driver.output()
     assert "rollout engine 1 lost during" in output
     assert "continuing with 1/2 engines" in output
@@ -354,6 +356,5 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
     records = read_step_log(log)
     assert [r["step"] for r in records] == list(range(1, TOTAL_STEPS + 1))  # each step once
     engines = [r["rollout_engines"] for r in records]
-    assert 1 in engines and engines[-1] == 2, engines
-    assert engines.index(1) < len(engines) - 1 - engines[::-1].index(2)
+    assert 1 in engines[:-1] and engines[-1] == 2, engines  # one engine for a while, then two
     assert {r["attempt"] for r in records} == {0}

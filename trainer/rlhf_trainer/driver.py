@@ -2,8 +2,13 @@
 
 This is also the Ray job entrypoint the operator submits (the job file then comes from
 `$RLHF_JOB_CONFIG`). The process around the training loop (`rlhf_trainer.loop`): it connects to
-Ray (`RAY_ADDRESS`, or a local Ray advertising the custom resources of the job's roles), handles
-signals, and reports how it ended.
+Ray (`RAY_ADDRESS`, or a local Ray advertising the custom resources of the job's roles) in the
+job's own Ray namespace, handles signals, and reports how it ended.
+
+Actors outlive a driver that is killed outright, and the next driver of the same job and spec
+resuming from a checkpoint adopts them (`rlhf_trainer.adoption`): a warm in-place restart takes
+seconds instead of a minute. Whenever the driver exits on its own (done, any error, a stop
+signal) it kills its job's actors, so the next attempt starts cold and clean.
 
 Exit codes (`rlhfjob.contract.ExitCode`), also written as the last output line
 (`RLHFJOB_FINAL_STATUS code=... reason=... message=...`): 0 done; 1 failed (retrying from the

@@ -2,13 +2,17 @@
 
 One step::
 
-    prompts -> generate (engines) -> rewards -> old / reference log-probs and values (ranks)
-            -> advantages (here) -> policy and critic update (ranks) -> weight sync (engines)
+    (re)admit rollout engines -> prompts -> generate (engines) -> rewards
+        -> old / reference log-probs and values (ranks) -> advantages (here)
+        -> policy and critic update (ranks) -> weight sync (engines)
 
 then, every `checkpoint.intervalSteps`, a checkpoint, and always the heartbeat and the metrics.
 Every random choice depends on `algorithm.seed` only (model init, data order, a sampling seed
-per step), and a checkpoint carries the data position, RNG states, DeepSpeed model and optimizer
-state and the policy version, so a resumed run repeats the uninterrupted one exactly.
+per step and chunk of prompts), and a checkpoint carries the data position, RNG states,
+DeepSpeed model and optimizer state and the policy version, so a resumed run repeats the
+uninterrupted one exactly, also when rollout engines were lost and replaced meanwhile
+(`rlhf_trainer.fleet`) and when the actors were adopted from a killed driver
+(`rlhf_trainer.adoption`: the checkpoint is loaded into them like into fresh ones).
 
 `rlhf_trainer.driver` is the process around it (CLI, Ray, signals, exit codes).
 """
@@ -186,6 +190,7 @@ class Trainer:
         self.resume_checkpoint = self._find_checkpoint(resume_from) if resume_from else None
         self.adopted = 0
         """Actors adopted from the previous attempt (0: a cold start)."""
+        self._engine_ids_seen = 0  # above every engine id a previous attempt used
         self.startup_seconds = 0.0
         self.reference: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
@@ -235,6 +240,7 @@ class Trainer:
         self._report_engines(0, self.fleet.desired)
         for engine_id, actor in sorted((engines or {}).items()):
             self.fleet.add(engine_id, actor)
+        self.fleet.next_id = max(self.fleet.next_id, self._engine_ids_seen)  # names stay unique
         self.fleet.start(max(0, self.fleet.desired - len(self.fleet.starting)))
         for group in self.groups:
             group.wait_ready()
@@ -294,6 +300,7 @@ class Trainer:
             if engine_id is not None:
                 with contextlib.suppress(ValueError):
                     candidates[engine_id] = ray.get_actor(name)
+        self._engine_ids_seen = max(candidates, default=-1) + 1
         refs: dict[int, Any] = {
             engine_id: actor.ping.remote() for engine_id, actor in candidates.items()
         }
