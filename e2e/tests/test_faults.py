@@ -1,0 +1,263 @@
+"""Fault injection: the real trainer, under the operator, survives what production throws at it.
+
+Each test applies a tiny GRPO job (`rlhf_local.faults.fault_job`: real ZeRO-3 trainer, real
+rollout engines, on the stand-in Ray), injects one failure once a checkpoint exists, and checks
+that the job ends Succeeded with every step after the last checkpoint trained exactly once
+(`TrainingRecord.lineage_problems`) and every checkpoint still there and intact. The last two
+tests are the failures that must end a job: one that keeps failing, and one retrying cannot fix.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlhf_local import faults
+from rlhf_local.faults import TrainingRecord
+from rlhf_local.jobs import Jobs
+from rlhf_local.operator_process import OperatorProcess, metric_value
+from rlhf_local.testing import LocalCluster, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TOTAL_STEPS = 24
+INTERVAL = 4
+HEARTBEAT_TIMEOUT = 10
+JOB_TIMEOUT = 600.0
+"""From apply to Succeeded, failure and recovery included (provisioning takes most of it)."""
+
+
+@pytest.fixture
+def jobs(local_cluster: LocalCluster, namespace: str) -> Jobs:
+    return Jobs(local_cluster, namespace)
+
+
+class FaultRun:
+    """One fault job: apply it, wait for the moment to strike, check how it ended."""
+
+    def __init__(self, jobs: Jobs, operator: OperatorProcess, checkpoints: Path, name: str,
+                 **spec: Any) -> None:  # fmt: skip
+        self.jobs, self.operator, self.name = jobs, operator, name
+        self.manifest = faults.fault_job(name, jobs.namespace, checkpoints, **spec)
+        self.total_steps = int(self.manifest["spec"]["algorithm"]["totalSteps"])
+        self.interval = int(self.manifest["spec"]["checkpoint"]["intervalSteps"])
+        self.record = TrainingRecord.of(self.manifest)
+        jobs.create(self.manifest)
+
+    def status(self) -> dict[str, Any]:
+        return self.jobs.status(self.name)
+
+    def cluster_uid(self) -> str:
+        cluster = self.jobs.ray_cluster(self.name)
+        assert cluster is not None
+        return str(cluster["metadata"]["uid"])
+
+    def wait_past_checkpoint(self, checkpoints: int = 1) -> int:
+        """Wait for `checkpoints` checkpoints and a step trained after them; returns the newest."""
+
+        def ready() -> int | None:
+            steps = self.record.checkpoint_steps()
+            if len(steps) >= checkpoints and self.record.last_step() > steps[-1]:
+                return steps[-1]
+            return None
+
+        return wait_for(ready, JOB_TIMEOUT, f"{self.name} to train past a checkpoint",
+                        interval=0.1, details=self.explain)  # fmt: skip
+
+    def wait_for_restart(self, count: int = 1, timeout: float = 180) -> dict[str, Any]:
+        return faults.wait_for_restart(self.jobs, self.name, count, timeout)
+
+    def explain(self) -> str:
+        return f"status: {self.status()}\nsteps: {self.record.steps_by_attempt()}\n" + (
+            self.operator.log_tail(40)
+        )
+
+    def assert_recovered(self, resumed_from: list[int | None]) -> dict[str, Any]:
+        """Succeeded; each attempt resumed from the checkpoint it had; no checkpoint lost."""
+        status = self.jobs.wait_phase(self.name, "Succeeded", JOB_TIMEOUT, self.operator)["status"]
+        problems = self.record.lineage_problems(resumed_from, self.total_steps)
+        assert not problems, f"{problems}\n{self.explain()}"
+        expected = list(range(self.interval, self.total_steps + 1, self.interval))
+        assert self.record.checkpoint_steps() == expected, "a checkpoint is missing or corrupt"
+        assert status["restartCount"] == len(resumed_from)
+        return dict(status)
+
+
+@pytest.fixture
+def fault_run(jobs: Jobs, operator: OperatorProcess, tmp_path: Path) -> Iterator[Any]:
+    def start(name: str, **spec: Any) -> FaultRun:
+        return FaultRun(jobs, operator, tmp_path / "checkpoints", name, **spec)
+
+    yield start
+
+
+def restart_time(record: dict[str, Any]) -> float:
+    return datetime.fromisoformat(record["time"].replace("Z", "+00:00")).timestamp()
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --- 1-7: failures the job must survive -----------------------------------------------------------
+
+
+def test_1_killed_driver_is_resubmitted_in_place_from_the_checkpoint(fault_run: Any) -> None:
+    run = fault_run("kill")
+    run.wait_past_checkpoint()
+    cluster = run.cluster_uid()
+    faults.kill_driver(run.jobs, run.name)
+    restart = run.wait_for_restart()
+    resumed = run.record.newest_checkpoint()
+    assert restart["reason"] == "TrainerFailed"
+    assert run.cluster_uid() == cluster, "an in-place restart keeps the RayCluster"
+    run.assert_recovered([resumed])
+
+
+def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_run: Any) -> None:
+    run = fault_run("freeze")
+    run.wait_past_checkpoint()
+    pid = faults.freeze_driver(run.jobs, run.name)
+    frozen_at = time.time()
+    restart = run.wait_for_restart(timeout=HEARTBEAT_TIMEOUT + 60)
+    resumed = run.record.newest_checkpoint()
+    assert restart["reason"] == "TrainerHung"
+    detected_after = restart_time(restart) - frozen_at
+    assert detected_after <= HEARTBEAT_TIMEOUT + 5, f"hang detected after {detected_after:.1f}s"
+    status = run.assert_recovered([resumed])
+    healthy = next(c for c in status["conditions"] if c["type"] == "Healthy")
+    assert healthy["status"] == "True"
+    assert not process_alive(pid), "the frozen driver was stopped"
+
+
+def test_3_lost_rollout_pod_degrades_training_and_the_engine_rejoins(fault_run: Any) -> None:
+    # Long enough for the replacement pod's Ray node and engine to come back mid-run.
+    run = fault_run("elastic", algorithm={"totalSteps": 200}, checkpoint={"intervalSteps": 50})
+    faults.wait_for_step(run.jobs, run.name, 5, JOB_TIMEOUT, run.operator)
+    faults.delete_pod(run.jobs, run.name, "rollout")
+
+    def degraded() -> dict[str, Any] | None:
+        condition = run.jobs.condition(run.name, "Degraded")
+        return condition if condition and condition["status"] == "True" else None
+
+    shown = wait_for(degraded, 60, "the Degraded condition", details=run.explain)
+    assert run.status()["phase"] == "Running", "degraded, not failed"
+    assert "rollout" in shown["message"]
+
+    def restored() -> bool:
+        condition = run.jobs.condition(run.name, "Degraded")
+        return bool(condition and condition["status"] == "False")
+
+    wait_for(restored, 300, "the rollout engine to rejoin", details=run.explain)
+    rejoined_at = run.status().get("currentStep") or 0
+    assert rejoined_at < run.total_steps, "the engine rejoined before training ended"
+    run.assert_recovered([])
+    reasons = run.jobs.event_reasons(run.name)
+    assert "Degraded" in reasons and "ReplicasRestored" in reasons, reasons
+    engines = {r.get("rollout_engines") for r in run.record.records()}
+    assert {1, 2} <= engines, f"steps ran with {engines} engines"
+
+
+def test_4_lost_trainer_pod_restarts_the_training_group_from_the_checkpoint(
+    fault_run: Any,
+) -> None:
+    run = fault_run("rank", roles={"trainer": {"replicas": 2}})
+    run.wait_past_checkpoint()
+    faults.delete_pod(run.jobs, run.name, "trainer")
+    restart = run.wait_for_restart()
+    resumed = run.record.newest_checkpoint()
+    assert restart["reason"] in ("TrainerPodLost", "TrainerFailed"), restart
+    run.assert_recovered([resumed])
+
+
+def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> None:
+    run = fault_run("head")
+    run.wait_past_checkpoint()
+    cluster = run.cluster_uid()
+    faults.delete_pod(run.jobs, run.name, "head")
+    restart = run.wait_for_restart(timeout=240)
+    resumed = run.record.newest_checkpoint()
+    assert restart["reason"] == "HeadLost", restart
+    wait_for(lambda: run.jobs.ray_cluster(run.name) and run.cluster_uid() != cluster, 240,
+             "a new RayCluster", details=run.explain)  # fmt: skip
+    run.assert_recovered([resumed])
+
+
+def test_6_corrupt_newest_checkpoint_falls_back_to_the_previous_one(fault_run: Any) -> None:
+    run = fault_run("corrupt")
+    run.wait_past_checkpoint(checkpoints=2)
+    # Freeze first so no newer checkpoint appears, corrupt the newest, then kill.
+    faults.freeze_driver(run.jobs, run.name)
+    newest = run.record.newest_checkpoint()
+    assert newest is not None
+    faults.corrupt_checkpoint(run.record.step_dir(newest))
+    previous = run.record.newest_checkpoint()
+    assert previous is not None and previous < newest, "the corrupt checkpoint no longer counts"
+    faults.kill_driver(run.jobs, run.name)
+    run.wait_for_restart()
+    run.assert_recovered([previous])
+
+
+def test_7_operator_restart_mid_job_makes_no_duplicate_cluster_or_submission(
+    fault_run: Any, operator: OperatorProcess
+) -> None:
+    run = fault_run("operator", algorithm={"totalSteps": 120}, checkpoint={"intervalSteps": 40})
+    faults.wait_for_step(run.jobs, run.name, 2, JOB_TIMEOUT, operator)
+    cluster = run.cluster_uid()
+    operator.stop()
+    operator.start()
+    wait_for(
+        lambda: (
+            metric_value(operator.metrics(), 'rlhf_operator_reconciles_total{result="ok"}') >= 3
+        ),
+        60,
+        "the restarted operator to reconcile",
+    )
+    assert run.status()["phase"] == "Running", run.explain()
+    assert run.cluster_uid() == cluster
+    submissions = run.jobs.ray_submissions(run.name)
+    assert len(submissions) == 1, f"{submissions}\n{run.explain()}"
+    run.assert_recovered([])
+    assert run.jobs.event_reasons(run.name).count("Submitted") == 1
+
+
+# --- 8-9: failures that must end the job ------------------------------------------------------
+
+
+def test_8_a_job_that_always_fails_is_failed_after_max_restarts(
+    jobs: Jobs, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the checkpoint volume should be\n")
+    manifest = faults.fault_job("doomed", jobs.namespace, blocked, recovery={"maxRestarts": 2})
+    jobs.create(manifest)
+    status = jobs.wait_phase("doomed", "Failed", JOB_TIMEOUT, operator)["status"]
+    assert status["restartCount"] == 2
+    assert "after 2 restarts" in status["message"]
+    assert "Not a directory" in status["message"], status["message"]
+    assert [r["reason"] for r in status["restartHistory"]] == ["TrainerFailed", "TrainerFailed"]
+    assert "RestartsExhausted" in jobs.event_reasons("doomed")
+
+
+def test_9_a_non_retryable_error_fails_the_job_at_once(
+    jobs: Jobs, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    manifest = faults.fault_job(
+        "broken", jobs.namespace, tmp_path, reward={"function": "rlhf_no_such_module:reward"}
+    )
+    jobs.create(manifest)
+    status = jobs.wait_phase("broken", "Failed", JOB_TIMEOUT, operator)["status"]
+    assert status["restartCount"] == 0
+    assert "rlhf_no_such_module" in status["message"], status["message"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NonRetryableError"
