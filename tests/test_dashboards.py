@@ -1,7 +1,4 @@
-"""Grafana dashboards only query metrics the operator and trainer really export.
-
-(The e2e tier additionally runs every query against a Prometheus that scraped a real run.)
-"""
+"""Grafana dashboards only query metrics the operator and trainer really export."""
 
 from __future__ import annotations
 
