@@ -3,6 +3,10 @@
 In the slow test, one run trains N steps straight. Another is stopped with SIGTERM while it
 writes a checkpoint, resumed, killed with SIGKILL, and resumed again to N. Both must end with
 the same parameters and the same per-step rewards, and no stop may leave a partial checkpoint.
+The SIGTERMed driver takes its actors along; the SIGKILLed one cannot, and the last driver
+adopts them (a warm restart, timed from its start to its first step). Another slow test kills
+one of two rollout engines under a running driver, which goes on with one and re-admits a
+replacement.
 
 The drivers join one Ray head started here (`RAY_ADDRESS`), which also exercises the cluster
 path of `connect_ray`; the learning tests cover the driver starting its own local Ray.
@@ -94,6 +98,20 @@ def test_a_job_whose_reward_function_is_missing_fails_as_non_retryable(tmp_path,
     last_line = capsys.readouterr().out.strip().splitlines()[-1]
     assert last_line.startswith(f"{FINAL_STATUS_PREFIX} code=3 reason=InvalidJob")
     assert "no_such_module" in last_line
+
+
+def test_a_model_config_that_cannot_load_is_non_retryable_unless_the_check_is_left_out():
+    from rlhf_trainer.loop import NonRetryableError, check_model_config, load_inputs
+
+    spec = load_job(EXAMPLE).spec
+    model = spec.model.model_copy(update={"random_init": {"model_type": "no-such-model"}})
+    spec = spec.model_copy(update={"model": model})
+    with pytest.raises(NonRetryableError, match="no-such-model"):
+        load_inputs(spec)
+    # A warm restart leaves it out: the attempt that started the adopted actors checked it.
+    assert len(load_inputs(spec, check_model=False).prompts) > 0
+    with pytest.raises(NonRetryableError):
+        check_model_config(spec)
 
 
 def test_train_without_a_job_file_is_non_retryable(monkeypatch, capsys):

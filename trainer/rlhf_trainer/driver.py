@@ -141,7 +141,7 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
     started_ray = False
     trainer: Trainer | None = None
     try:
-        inputs = load_inputs(job.spec)
+        inputs = load_inputs(job.spec, check_model=False)  # the Trainer checks it if it must
         started_ray = connect_ray(job)
         stop.install()  # after ray.init, which installs a SIGTERM handler that just exits
         trainer = Trainer(job, inputs, stop.requested, resume_from)

@@ -85,8 +85,9 @@ class Inputs:
     prompts: list[PromptItem]
 
 
-def load_inputs(spec: RLHFJobSpec) -> Inputs:
-    """The reward function, the prompts and the model config; NonRetryableError if unusable."""
+def load_inputs(spec: RLHFJobSpec, *, check_model: bool = True) -> Inputs:
+    """The reward function, the prompts and (with `check_model`) the model config;
+    NonRetryableError if unusable."""
     if spec.reward.type != "function" or spec.reward.function is None:
         raise NonRetryableError("reward.type model is not supported by this trainer yet")
     try:
@@ -97,10 +98,23 @@ def load_inputs(spec: RLHFJobSpec) -> Inputs:
             synthetic_count=SYNTHETIC_DATASET_SIZE,
             seed=spec.algorithm.seed,
         )
-        model_config(spec.model)
     except (RewardFunctionError, ValueError, OSError) as error:
         raise NonRetryableError(str(error)) from error
+    if check_model:
+        check_model_config(spec)
     return Inputs(reward=reward, prompts=prompts)
+
+
+def check_model_config(spec: RLHFJobSpec) -> None:
+    """NonRetryableError if the model's config cannot be loaded.
+
+    This imports transformers (seconds): a warm restart skips it, since the attempt that
+    started the adopted actors checked the very same spec.
+    """
+    try:
+        model_config(spec.model)
+    except (ValueError, OSError) as error:
+        raise NonRetryableError(str(error)) from error
 
 
 def progress_line(record: dict[str, Any], total_steps: int) -> str:
@@ -191,6 +205,7 @@ class Trainer:
         self.adopted = 0
         """Actors adopted from the previous attempt (0: a cold start)."""
         self._engine_ids_seen = 0  # above every engine id a previous attempt used
+        self._answered_engines = 0  # adopted engines that answered at once
         self.startup_seconds = 0.0
         self.reference: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
@@ -225,6 +240,7 @@ class Trainer:
         )
         engines = self._adopt() if self.detached and self.resume_checkpoint is not None else None
         if engines is None:
+            check_model_config(spec)
             if self.detached:
                 kill_job_actors(self.log)  # whatever an earlier attempt left is not trusted
             self.log("starting actors")
@@ -244,7 +260,7 @@ class Trainer:
         self.fleet.start(max(0, self.fleet.desired - len(self.fleet.starting)))
         for group in self.groups:
             group.wait_ready()
-        if engines is not None and len(engines) >= max(self.fleet.minimum, 1):
+        if engines is not None and self._answered_engines >= max(self.fleet.minimum, 1):
             # Adopted engines answer at once; replacements of missing ones join later.
             self.fleet.wait_ready(SETUP_TIMEOUT_S, grace_s=ADOPTED_ENGINE_GRACE_S)
         else:
@@ -307,15 +323,22 @@ class Trainer:
         ready = set()
         if refs:
             ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)[0])
+        # Engines that answered are adopted; so are those still busy (finishing a generation
+        # of the dead driver, say): they join once they answer. Dead ones, and any beyond the
+        # desired count, go.
         engines: dict[int, Any] = {}
-        for engine_id, ref in sorted(refs.items()):
-            answer: Any = None
+        self._answered_engines = 0
+        for engine_id, ref in sorted(refs.items(), key=lambda item: item[1] not in ready):
+            answer: Any = self.launcher.tag
             if ref in ready:
-                with contextlib.suppress(ray.exceptions.RayError):
+                try:
                     answer = ray.get(ref)
+                except ray.exceptions.RayError:
+                    answer = None
             if answer == self.launcher.tag and len(engines) < self._desired_engines:
                 engines[engine_id] = candidates[engine_id]
-            else:  # dead, stuck, of another spec, or one too many
+                self._answered_engines += ref in ready
+            else:
                 ray.kill(candidates[engine_id], no_restart=True)
         self.policy = groups["trainer"]
         self.reference = groups.get("reference")
