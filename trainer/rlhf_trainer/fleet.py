@@ -280,11 +280,6 @@ class RolloutFleet:
 
     # -- membership ---------------------------------------------------------------------------
 
-    @property
-    def engines(self) -> list[Any]:
-        """The live engine actors."""
-        return [engine.actor for engine in self.live]
-
     def add(self, engine_id: int, actor: Any) -> None:
         """Count an engine actor that was started (or adopted) elsewhere as starting."""
         self.starting.append(Engine(engine_id, actor, ready=actor.weight_sync_ranks.remote()))
