@@ -140,6 +140,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cases", default=",".join(INJECTORS))
     parser.add_argument("--out", default="benchmarks/results/recovery.json")
+    parser.add_argument(
+        "--update", action="store_true", help="keep the other cases already in --out"
+    )
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
 
@@ -158,16 +161,23 @@ def main() -> int:
         for case in cases:
             say(f"{case}: {args.runs} runs")
             results[case] = run_case(jobs, operator, workdir / "checkpoints", case, args.runs)
+            results[case]["command"] = (
+                f"task bench:recovery -- --runs {args.runs} --cases {case}"
+                f"  # {datetime.now(UTC).isoformat(timespec='seconds')}"
+            )
     finally:
         operator.stop()
         lc.core.delete_namespace(namespace)
 
+    out = Path(args.out)
+    if args.update and out.exists():
+        results = {**json.loads(out.read_text())["cases"], **results}
     kill = results.get("kill_driver", {})
     cold = [r["cold_start_s"] for r in results.values()]
     result = {
         "benchmark": "recovery",
-        "command": f"task bench:recovery  # python benchmarks/recovery.py --runs {args.runs} "
-        f"--cases {','.join(cases)}",
+        "command": "task bench:recovery  # python benchmarks/recovery.py; each case records "
+        "its own command and date",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": "2 cores, 24 GiB; local control plane, KWOK nodes, stand-in Ray",
         "job": "examples/grpo-tiny-cpu.yaml as rlhf_local.faults.fault_job: 1 trainer rank, "
@@ -180,7 +190,7 @@ def main() -> int:
     }
     text = json.dumps(result, indent=2)
     print(text)
-    Path(args.out).write_text(text + "\n")
+    out.write_text(text + "\n")
     in_place = result["in_place_p50_s"]
     return 0 if in_place is None or in_place < TARGET_IN_PLACE_S else 1
 

@@ -120,8 +120,10 @@ def test_1_killed_driver_is_resubmitted_in_place_from_the_checkpoint(fault_run: 
     restart = run.wait_for_restart()
     resumed = run.record.newest_checkpoint()
     assert restart["reason"] == "TrainerFailed"
+    assert restart["detectionSeconds"] < 10, "measured from the driver's exit as Ray reports it"
     assert run.cluster_uid() == cluster, "an in-place restart keeps the RayCluster"
-    run.assert_recovered([resumed])
+    status = run.assert_recovered([resumed])
+    assert status["restartHistory"][0]["resumedTime"], "the operator saw training resume"
 
 
 def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_run: Any) -> None:

@@ -54,6 +54,9 @@ class ClusterView:
     """Where the operator reaches the Ray dashboard (head Service, or the local stand-in)."""
     head_not_ready_since: datetime | None = None
     """Set while KubeRay's HeadPodReady condition is False: since when."""
+    head_created: datetime | None = None
+    """When the current head pod was created: a head newer than the running trainer replaced
+    the one it ran on."""
     roles: dict[str, RoleView] = field(default_factory=dict)
     """Worker groups (one per role) by name."""
 
@@ -370,6 +373,8 @@ class _Planner:
         if cluster.head_not_ready_since is not None:
             self.wait_for_head(cluster.head_not_ready_since)
             return
+        if self.head_replaced(cluster):
+            return
         self.condition(CLUSTER_READY, True, "Ready", "the Ray head pod is ready")
         if self.seen.dashboard_error is not None:
             self.dashboard_unreachable(self.seen.dashboard_error)
@@ -421,6 +426,21 @@ class _Planner:
             self.requeue(grace - waited)
             return
         self.recreate_cluster("HeadLost", message, last_alive=since)
+
+    def head_replaced(self, cluster: ClusterView) -> bool:
+        """A head pod created after the trainer started running is a new, empty Ray cluster."""
+        running = next((c for c in self.status.conditions if c.type == TRAINER_RUNNING), None)
+        if running is None or running.status != "True" or running.last_transition_time is None:
+            return False
+        if cluster.head_created is None or cluster.head_created <= running.last_transition_time:
+            return False
+        self.recreate_cluster(
+            "HeadLost",
+            f"the Ray head pod was replaced at {cluster.head_created:%H:%M:%S} while the "
+            "trainer ran on the old one",
+            last_alive=self.status.last_heartbeat_time,
+        )
+        return True
 
     def dashboard_unreachable(self, error: str) -> None:
         since = self.since(DASHBOARD_REACHABLE, "False")
@@ -601,6 +621,7 @@ class _Planner:
     def recreate_cluster(self, reason: str, message: str, last_alive: datetime | None) -> None:
         """The top rung of the ladder: a new RayCluster, then resume from the checkpoint."""
         self.restart(reason, message, last_alive=last_alive)
+        self.condition(TRAINER_RUNNING, False, reason, message)
         if not self.status.phase.terminal:
             self.act(DeleteCluster(message))
 

@@ -8,6 +8,7 @@ which the reconciler turns into a condition and a retry, never a failure of the 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -57,11 +58,13 @@ class RayJobClient:
         exit_code = body.get("driver_exit_code")
         if exit_code is None and (match := _EXIT_CODE.search(message)):
             exit_code = int(match.group(1))
+        end_ms = body.get("end_time")
         return RayJobView(
             submission_id=submission_id,
             status=body["status"],
             message=message[:2000],
             exit_code=exit_code,
+            ended=datetime.fromtimestamp(end_ms / 1000, UTC) if end_ms else None,
         )
 
     async def submit(

@@ -117,6 +117,18 @@ def scheduling_problem(pods: list[Any]) -> str | None:
     return None
 
 
+def head_created(pods: list[Any]) -> datetime | None:
+    """Creation time of the newest head pod that is not being deleted."""
+    times = [
+        pod.metadata.creation_timestamp
+        for pod in pods
+        if (pod.metadata.labels or {}).get("ray.io/node-type") == "head"
+        and pod.metadata.deletion_timestamp is None
+        and pod.metadata.creation_timestamp is not None
+    ]
+    return max(times) if times else None
+
+
 def head_not_ready_since(cluster: dict[str, Any]) -> datetime | None:
     """From KubeRay's HeadPodReady condition: since when the head is not Ready (None: it is)."""
     for condition in (cluster.get("status") or {}).get("conditions") or []:
@@ -230,6 +242,7 @@ class Reconciler:
             deleting=bool(metadata.get("deletionTimestamp")),
             dashboard=annotations.get(contract.DASHBOARD_ANNOTATION) or builder.dashboard_url(job),
             head_not_ready_since=head_not_ready_since(body),
+            head_created=head_created(pods),
             roles=role_views(body, pods),
         )
 

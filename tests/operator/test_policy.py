@@ -576,3 +576,22 @@ def test_a_job_resumed_from_suspension_is_submitted_again_not_taken_for_head_los
     back = decide(Observed(job=job, now=at(200), created=at(0), cluster=ready_cluster()))
     assert SubmitRayJob("job-12345678-0", resume=False) in back.actions
     assert back.status.restart_count == 0
+
+
+def test_a_head_pod_newer_than_the_running_trainer_means_the_head_was_replaced() -> None:
+    running_since = {"type": "TrainerRunning", "status": "True", "reason": "Running",
+                     "lastTransitionTime": at(50).isoformat()}  # fmt: skip
+    job = make_job(submitted(conditions=[running_since]))
+    same_head = decide(Observed(job=job, now=at(100), created=at(0), ray_job=ray_job("RUNNING"),
+                                cluster=ready_cluster(head_created=at(10))))  # fmt: skip
+    assert DeleteCluster not in kinds(same_head)
+    new_head = decide(Observed(job=job, now=at(100), created=at(0),
+                               cluster=ready_cluster(head_created=at(95))))  # fmt: skip
+    assert kinds(new_head) == [DeleteCluster]
+    assert new_head.status.restart_history[-1].reason == "HeadLost"
+    # The recreated cluster's new head is not taken for another replacement.
+    job = make_job(new_head.status.wire())
+    new_cluster = ready_cluster(created=150, head_created=at(160))
+    recreated = decide(Observed(job=job, now=at(200), created=at(0), cluster=new_cluster))
+    assert DeleteCluster not in kinds(recreated)
+    assert SubmitRayJob in kinds(recreated)
