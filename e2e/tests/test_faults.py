@@ -188,10 +188,12 @@ def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> No
     cluster = run.cluster_uid()
     faults.delete_pod(run.jobs, run.name, "head")
     restart = run.wait_for_restart(timeout=240)
-    resumed = run.record.newest_checkpoint()
     assert restart["reason"] == "HeadLost", restart
     wait_for(lambda: run.jobs.ray_cluster(run.name) and run.cluster_uid() != cluster, 240,
              "a new RayCluster", details=run.explain)  # fmt: skip
+    # The operator may decide before the old driver dies: it dies with the old cluster, which
+    # is gone once the new one exists, so only now is the checkpoint to resume from settled.
+    resumed = run.record.newest_checkpoint()
     run.assert_recovered([resumed])
 
 

@@ -43,6 +43,8 @@ log = logging.getLogger("rlhf_operator")
 
 
 EventSink = Callable[[dict[str, Any], Event], None]
+STATUS_FIELDS = frozenset(field.alias or name for name, field in RLHFJobStatus.model_fields.items())
+"""The status keys the operator owns (anything else there, it leaves alone)."""
 EVENT_MESSAGE_LIMIT = 1024
 """The API server rejects longer Event messages."""
 
@@ -308,8 +310,13 @@ class Reconciler:
         self, job: RLHFJob, body: dict[str, Any], status: RLHFJobStatus
     ) -> None:
         new = status.wire()
-        if new != (body.get("status") or {}):
-            await self.kube.patch_job_status(job.metadata.namespace, job.metadata.name, new)
+        old = body.get("status") or {}
+        if new != old:
+            # A merge patch keeps keys it does not mention: null the ones that were cleared.
+            cleared = {key: None for key in old if key not in new and key in STATUS_FIELDS}
+            await self.kube.patch_job_status(
+                job.metadata.namespace, job.metadata.name, {**cleared, **new}
+            )
 
     async def _reject(self, body: dict[str, Any], error: InvalidJobError) -> None:
         """A job that slipped past the schema (older CRD, hand edit): Failed, with the reason."""
