@@ -188,12 +188,16 @@ def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> No
     cluster = run.cluster_uid()
     faults.delete_pod(run.jobs, run.name, "head")
     restart = run.wait_for_restart(timeout=240)
+    at_failure = run.record.newest_checkpoint() or 0
     assert restart["reason"] == "HeadLost", restart
     wait_for(lambda: run.jobs.ray_cluster(run.name) and run.cluster_uid() != cluster, 240,
              "a new RayCluster", details=run.explain)  # fmt: skip
-    # The operator may decide before the old driver dies: it dies with the old cluster, which
-    # is gone once the new one exists, so only now is the checkpoint to resume from settled.
-    resumed = run.record.newest_checkpoint()
+    # The old driver can outlive its head for a moment (the stand-in's Ray starts drivers in a
+    # session of their own) and finish one more checkpoint: the new attempt must resume from
+    # the newest, which is at least the one there at the failure.
+    wait_for(lambda: 1 in run.record.steps_by_attempt(), JOB_TIMEOUT, "the resumed attempt")
+    resumed = run.record.steps_by_attempt()[1][0] - 1
+    assert resumed >= at_failure and resumed in run.record.checkpoint_steps(), resumed
     run.assert_recovered([resumed])
 
 
