@@ -113,6 +113,16 @@ def test_token_entropy() -> None:
     close(alg.token_entropy(logits), [[1.386294, 0.562335]])
 
 
+def test_entropy_uses_the_sampling_temperature() -> None:
+    # logits [0, 1, 2] at T = 0.5 are softmax([0, 2, 4]) = [0.015876, 0.117310, 0.866813]:
+    # entropy 0.065773 + 0.251387 + 0.123895 = 0.441055 (-ln p = 4.142931, 2.142931, 0.142931)
+    # (the raw logits' entropy, 0.832405, describes another distribution)
+    logits = torch.tensor([[[0.0, 1.0, 2.0]]])
+    close(alg.token_entropy(logits, temperature=0.5), [[0.441055]])
+    close(alg.masked_entropy(logits, torch.tensor([[1]]), temperature=0.5), 0.441055)
+    close(alg.token_entropy(logits), [[0.832405]])
+
+
 def test_masked_entropy_averages_masked_in_positions_only() -> None:
     logits = torch.stack([torch.zeros(4), torch.tensor([1.0, 3.0, 0.0, 0.0]).log()]).unsqueeze(0)
     # only the uniform position is kept -> ln 4
@@ -212,6 +222,18 @@ def test_grpo_group_with_zero_std_has_zero_advantage() -> None:
     advantages = alg.grpo_advantages(rewards, group_size=3)
     close(advantages, [0.0, 0.0, 0.0, 1.154701, -0.577350, -0.577350])
     assert torch.isfinite(advantages).all()
+
+
+@pytest.mark.parametrize("value", [0.7, 0.1, 1e-3, 123.456])
+@pytest.mark.parametrize("group_size", [3, 7, 16])
+def test_grpo_group_of_equal_rewards_is_exactly_zero(value: float, group_size: int) -> None:
+    # float32 rounding leaves a mean one ulp off the rewards; the division by a std of the same
+    # size must not turn that residue into an advantage (it gave +0.056 for 0.7 x 7).
+    rewards = torch.full((2 * group_size,), value)
+    rewards[group_size:] = torch.arange(group_size, dtype=torch.float32)  # one group with signal
+    advantages = alg.grpo_advantages(rewards, group_size=group_size)
+    assert torch.equal(advantages[:group_size], torch.zeros(group_size))
+    assert advantages[group_size:].abs().sum() > 0
 
 
 def test_grpo_group_of_one_has_zero_advantage() -> None:

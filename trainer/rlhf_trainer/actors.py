@@ -302,7 +302,7 @@ class PolicyWorker(ZeroWorker):
                     loss = loss + algorithm.kl_coef * kl
                     terms["kl_loss"] = kl
                 with torch.set_grad_enabled(algorithm.entropy_coef > 0):
-                    entropy = alg.masked_entropy(logits, mask)
+                    entropy = alg.masked_entropy(logits, mask, algorithm.temperature)
                 if algorithm.entropy_coef > 0:
                     loss = loss - algorithm.entropy_coef * entropy
                 terms["entropy"] = entropy

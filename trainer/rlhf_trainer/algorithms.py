@@ -99,18 +99,22 @@ def logprobs_from_logits(logits: Tensor, token_ids: Tensor, temperature: float =
     return chosen - torch.logsumexp(scaled, dim=-1)
 
 
-def token_entropy(logits: Tensor) -> Tensor:
-    """Entropy (nats) of the categorical distribution at every position: ``[..., V] -> [...]``."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy (nats) of ``softmax(logits / temperature)`` at every position: ``[..., V] -> [...]``.
+
+    The temperature must be the one the log-probs use, or the entropy describes another
+    distribution than the one trained.
+    """
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
     probs = log_probs.exp()
     # 0 * log 0 is 0 by convention; without the where, a -inf logit would give NaN.
     plogp = torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs))
     return -plogp.sum(dim=-1)
 
 
-def masked_entropy(logits: Tensor, mask: Tensor) -> Tensor:
+def masked_entropy(logits: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
     """Mean per-token entropy over masked-in positions (a scalar; 0 if nothing is masked in)."""
-    return masked_mean(token_entropy(logits), mask)
+    return masked_mean(token_entropy(logits, temperature), mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,9 +192,12 @@ def grpo_advantages(
         )
     grouped = rewards.float().view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
+    # Equal rewards compared exactly: float32 rounding in the mean leaves a residue of about
+    # one ulp, which divided by a std of the same size would be a large, signal-free advantage.
+    no_signal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
     if scale_by_std and group_size > 1:
         centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
-    return centered.view(-1)
+    return centered.masked_fill(no_signal, 0.0).view(-1)
 
 
 @torch.no_grad()
