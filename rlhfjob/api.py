@@ -177,6 +177,11 @@ class ElasticRoleSpec(RoleSpec):
     min_replicas: int | None = Field(default=None, ge=0)
     """Fewest replicas training may continue with; defaults to `replicas` (not elastic)."""
 
+    @property
+    def effective_min_replicas(self) -> int:
+        """`minReplicas` with its default applied: the one place that default is spelt out."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
     cel_rules = (
         CelRule(
             "!has(self.minReplicas) || self.minReplicas <= self.replicas",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlhf_local import pools
 from rlhf_local.testing import LocalCluster, events_for, wait_for
-from rlhfjob import api
+from rlhfjob import api, contract
 from rlhfjob.invalid_cases import merge_patch, valid_job
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class Jobs:
     def dashboard(self, name: str) -> str:
         cluster = self.ray_cluster(name)
         assert cluster is not None, f"{name} has no RayCluster"
-        return str(cluster["metadata"]["annotations"]["rlhf.dev/dashboard-address"])
+        return str(cluster["metadata"]["annotations"][contract.DASHBOARD_ANNOTATION])
 
     def ray_submissions(self, name: str) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{self.dashboard(name)}/api/jobs/", timeout=10) as response:

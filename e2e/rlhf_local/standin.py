@@ -42,8 +42,9 @@ from typing import Any
 from kubernetes import client, config
 
 from rlhf_local.podenv import pod_environment
+from rlhfjob import contract
 
-DASHBOARD_ANNOTATION = "rlhf.dev/dashboard-address"
+DASHBOARD_ANNOTATION = contract.DASHBOARD_ANNOTATION
 GCS_ANNOTATION = "rlhf.dev/gcs-address"
 RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayclusters"
 #: Per-node object store: Ray's default (30% of RAM per node) would not fit many nodes here.

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from rlhfjob import api
-from rlhfjob.api import RLHFJob, RoleSpec, Toleration
+from rlhfjob.api import ElasticRoleSpec, RLHFJob, RoleSpec, Toleration
+from rlhfjob.contract import PodEnv
 
 MAX_RAY_CLUSTER_NAME = 53  # KubeRay derives Service and pod names from it; 63 - suffixes
 JOB_CONFIG_DIR = "/etc/rlhfjob"
@@ -135,6 +136,16 @@ _CONTAINER_SECURITY = {
 _POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
 
 
+def _pod_env(job: RLHFJob, role: str) -> list[dict[str, str]]:
+    env = PodEnv(
+        job_name=job.metadata.name,
+        job_namespace=job.metadata.namespace,
+        role=role,
+        job_config=f"{JOB_CONFIG_DIR}/{JOB_CONFIG_FILE}",
+    )
+    return [{"name": name, "value": value} for name, value in env.to_env().items()]
+
+
 def _pod_template(
     job: RLHFJob,
     *,
@@ -152,12 +163,7 @@ def _pod_template(
         "image": job.spec.image,
         "imagePullPolicy": job.spec.image_pull_policy,
         "resources": resources,
-        "env": [
-            {"name": "RLHF_JOB_NAME", "value": job.metadata.name},
-            {"name": "RLHF_JOB_NAMESPACE", "value": job.metadata.namespace},
-            {"name": "RLHF_ROLE", "value": role},
-            {"name": "RLHF_JOB_CONFIG", "value": f"{JOB_CONFIG_DIR}/{JOB_CONFIG_FILE}"},
-        ],
+        "env": _pod_env(job, role),
         "volumeMounts": mounts,
         "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
     }
@@ -179,12 +185,13 @@ def _pod_template(
 
 
 def _worker_group(job: RLHFJob, role: str, spec: RoleSpec) -> dict[str, Any]:
-    min_replicas = getattr(spec, "min_replicas", None)
     advertised = {api.ray_resource(role): api.actor_slots(spec)}
     return {
         "groupName": role,
         "replicas": spec.replicas,
-        "minReplicas": spec.replicas if min_replicas is None else min_replicas,
+        "minReplicas": (
+            spec.effective_min_replicas if isinstance(spec, ElasticRoleSpec) else spec.replicas
+        ),
         "maxReplicas": spec.replicas,
         # KubeRay's format: the value is itself a quoted JSON string.
         "rayStartParams": {"resources": json.dumps(json.dumps(advertised))},

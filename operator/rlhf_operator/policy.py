@@ -27,7 +27,7 @@ from rlhfjob.api import (
     RLHFJob,
     RLHFJobStatus,
 )
-from rlhfjob.contract import FINAL_STATUS_PREFIX, ExitCode
+from rlhfjob.contract import ExitCode, FailureReason, FinalStatus, LeaseReport, RestartReason
 
 # ---------------------------------------------------------------------------------------------
 # What the reconciler saw
@@ -77,20 +77,11 @@ class RayJobView:
         return self.status in ("PENDING", "RUNNING")
 
 
-@dataclass(frozen=True)
-class HeartbeatView:
-    """The trainer's Lease: when it last renewed and what it reported."""
+@dataclass(frozen=True, kw_only=True)
+class HeartbeatView(LeaseReport):
+    """The trainer's Lease: what it reported (`LeaseReport`) and when it last renewed."""
 
     renewed: datetime
-    step: int | None = None
-    total_steps: int | None = None
-    checkpoint_step: int | None = None
-    checkpoint_path: str | None = None
-    attempt: int | None = None
-    step_changed: datetime | None = None
-    """When `step` last advanced (the trainer reports it), to tell stalled from slow."""
-    rollout_engines: tuple[int, int] | None = None
-    """Live and desired rollout engines, as the trainer reports them."""
 
 
 @dataclass(frozen=True)
@@ -168,9 +159,6 @@ SUSPENDED = "Suspended"
 COMPLETE = "Complete"
 FAILED = "Failed"
 DEGRADED = "Degraded"
-
-ELASTIC_ROLES = ("rollout", "reward")
-"""Roles that may run below their replica count while training goes on (decision 5)."""
 
 
 def submission_id(job: RLHFJob, attempt: int) -> str:
@@ -346,7 +334,7 @@ class _Planner:
             return False
         self.finish(
             Phase.FAILED,
-            "DeadlineExceeded",
+            FailureReason.DEADLINE_EXCEEDED,
             f"the job ran longer than activeDeadlineSeconds ({deadline}s)",
         )
         return True
@@ -394,7 +382,7 @@ class _Planner:
             if waited >= limit:
                 self.finish(
                     Phase.FAILED,
-                    "ProvisioningTimeout",
+                    FailureReason.PROVISIONING_TIMEOUT,
                     f"the RayCluster was not ready after {limit}s{detail}",
                 )
                 return
@@ -406,7 +394,9 @@ class _Planner:
         waited = (self.seen.now - unhealthy_since).total_seconds()
         if waited >= limit:
             message = f"the RayCluster stayed unhealthy for {limit}s{detail}"
-            self.recreate_cluster("ClusterUnhealthy", message, last_alive=unhealthy_since)
+            self.recreate_cluster(
+                RestartReason.CLUSTER_UNHEALTHY, message, last_alive=unhealthy_since
+            )
             return
         self.enter(Phase.RECOVERING, f"waiting for Ray pods{detail}")
         self.requeue(limit - waited)
@@ -425,7 +415,7 @@ class _Planner:
             self.status.message = message
             self.requeue(grace - waited)
             return
-        self.recreate_cluster("HeadLost", message, last_alive=since)
+        self.recreate_cluster(RestartReason.HEAD_LOST, message, last_alive=since)
 
     def head_replaced(self, cluster: ClusterView) -> bool:
         """A head pod created after the trainer started running is a new, empty Ray cluster."""
@@ -435,7 +425,7 @@ class _Planner:
         if cluster.head_created is None or cluster.head_created <= running.last_transition_time:
             return False
         self.recreate_cluster(
-            "HeadLost",
+            RestartReason.HEAD_LOST,
             f"the Ray head pod was replaced at {cluster.head_created:%H:%M:%S} while the "
             "trainer ran on the old one",
             last_alive=self.status.last_heartbeat_time,
@@ -449,7 +439,7 @@ class _Planner:
         waited = (self.seen.now - since).total_seconds()
         if self.status.submission_id is not None and waited >= limit:
             message = f"the Ray dashboard has not answered for {waited:.0f}s: {error}"
-            self.recreate_cluster("ClusterUnhealthy", message, last_alive=since)
+            self.recreate_cluster(RestartReason.CLUSTER_UNHEALTHY, message, last_alive=since)
             return
         self.requeue(min(5.0, max(limit - waited, 0.5)))
 
@@ -460,7 +450,7 @@ class _Planner:
         if ray_job is None and self.status.submission_id == self.attempt_id():
             # Submitted, yet Ray has never heard of it: the head restarted with a fresh GCS.
             self.recreate_cluster(
-                "HeadLost",
+                RestartReason.HEAD_LOST,
                 f"the Ray head no longer knows the trainer's job {self.attempt_id()} "
                 "(the head restarted)",
                 last_alive=self.status.last_heartbeat_time,
@@ -493,13 +483,15 @@ class _Planner:
         summary = trainer_failure_summary(ray_job.message) or f"the Ray job is {ray_job.status}"
         self.condition(TRAINER_RUNNING, False, "TrainerExited", summary)
         if ray_job.exit_code == ExitCode.NON_RETRYABLE:
-            self.finish(Phase.FAILED, "NonRetryableError", summary)
+            self.finish(Phase.FAILED, FailureReason.NON_RETRYABLE, summary)
             return
         lost = self.roles_below_minimum(include_elastic=False)
         if lost:
-            self.restart("TrainerPodLost", f"{lost}; {summary}", last_alive=ray_job.ended)
+            self.restart(
+                RestartReason.TRAINER_POD_LOST, f"{lost}; {summary}", last_alive=ray_job.ended
+            )
         else:
-            self.restart("TrainerFailed", summary, last_alive=ray_job.ended)
+            self.restart(RestartReason.TRAINER_FAILED, summary, last_alive=ray_job.ended)
 
     def roles_below_minimum(self, *, include_elastic: bool = True) -> str:
         """Roles with fewer Ready pods than training needs, e.g. ``trainer 1/2 pods ready``."""
@@ -509,12 +501,12 @@ class _Planner:
         short = []
         for role, spec in self.job.spec.roles.enabled().items():
             view = cluster.roles.get(role)
-            elastic = role in ELASTIC_ROLES
+            elastic = isinstance(spec, ElasticRoleSpec)
             if view is None or (elastic and not include_elastic):
                 continue
             minimum = view.desired
-            if isinstance(spec, ElasticRoleSpec) and spec.min_replicas is not None:
-                minimum = min(spec.min_replicas, view.desired)
+            if isinstance(spec, ElasticRoleSpec):
+                minimum = min(spec.effective_min_replicas, view.desired)
             if view.ready < minimum:
                 short.append(f"{role} {view.ready}/{view.desired} pods ready")
         return ", ".join(short)
@@ -523,8 +515,11 @@ class _Planner:
         """Elastic roles running below their replica count, from the pods and the trainer."""
         short: list[str] = []
         cluster = self.seen.cluster
+        elastic = {
+            r for r, s in self.job.spec.roles.enabled().items() if isinstance(s, ElasticRoleSpec)
+        }
         for role, view in sorted((cluster.roles if cluster else {}).items()):
-            if role in ELASTIC_ROLES and view.ready < view.desired:
+            if role in elastic and view.ready < view.desired:
                 short.append(f"{role} {view.ready}/{view.desired} pods ready")
         beat = self.seen.heartbeat
         engines = beat.rollout_engines if beat is not None else None
@@ -561,7 +556,8 @@ class _Planner:
                 return False
             self.condition(HEALTHY, False, "NoHeartbeat", f"no heartbeat for {silent:.0f}s")
             self.act(StopRayJob(ray_job.submission_id))
-            self.restart("TrainerHung", f"no heartbeat since it was submitted {silent:.0f}s ago",
+            self.restart(RestartReason.TRAINER_HUNG,
+                         f"no heartbeat since it was submitted {silent:.0f}s ago",
                          last_alive=since)  # fmt: skip
             return True
         stale = (self.seen.now - beat.renewed).total_seconds()
@@ -569,7 +565,7 @@ class _Planner:
             evidence = f"last heartbeat {stale:.0f}s ago at step {beat.step}"
             self.condition(HEALTHY, False, "HeartbeatTimeout", evidence)
             self.act(StopRayJob(ray_job.submission_id))
-            self.restart("TrainerHung", evidence, last_alive=beat.renewed)
+            self.restart(RestartReason.TRAINER_HUNG, evidence, last_alive=beat.renewed)
             return True
         if beat.step_changed is not None:
             idle = (self.seen.now - beat.step_changed).total_seconds()
@@ -579,7 +575,7 @@ class _Planner:
                 )
                 self.condition(HEALTHY, False, "ProgressTimeout", evidence)
                 self.act(StopRayJob(ray_job.submission_id))
-                self.restart("TrainerStalled", evidence, last_alive=beat.step_changed)
+                self.restart(RestartReason.TRAINER_STALLED, evidence, last_alive=beat.step_changed)
                 return True
         self.condition(HEALTHY, True, "Heartbeating", f"step {beat.step}, renewed {stale:.0f}s ago")
         self.requeue(liveness.heartbeat_timeout_seconds - stale + 0.5)
@@ -618,18 +614,26 @@ class _Planner:
             self.enter(Phase.RUNNING, "trainer submitted", reason="Submitted")
         self.condition(TRAINER_RUNNING, False, "Submitted", self.attempt_id())
 
-    def recreate_cluster(self, reason: str, message: str, last_alive: datetime | None) -> None:
+    def recreate_cluster(
+        self, reason: RestartReason, message: str, last_alive: datetime | None
+    ) -> None:
         """The top rung of the ladder: a new RayCluster, then resume from the checkpoint."""
         self.restart(reason, message, last_alive=last_alive)
         self.condition(TRAINER_RUNNING, False, reason, message)
         if not self.status.phase.terminal:
             self.act(DeleteCluster(message))
 
-    def restart(self, reason: str, message: str, last_alive: datetime | None = None) -> None:
+    def restart(
+        self, reason: RestartReason, message: str, last_alive: datetime | None = None
+    ) -> None:
         """Climb the recovery ladder one rung, or fail when the budget is spent."""
         budget = self.job.spec.recovery.max_restarts
         if self.status.restart_count >= budget:
-            self.finish(Phase.FAILED, "RestartsExhausted", f"{message} (after {budget} restarts)")
+            self.finish(
+                Phase.FAILED,
+                FailureReason.RESTARTS_EXHAUSTED,
+                f"{message} (after {budget} restarts)",
+            )
             return
         checkpoint = self.status.last_checkpoint
         detection = None
@@ -661,11 +665,9 @@ class _Planner:
 
 def trainer_failure_summary(message: str, limit: int = 300) -> str:
     """What a failed Ray job says about why, in a line: the driver's final status if present."""
-    for line in reversed(message.splitlines()):
-        if line.startswith(FINAL_STATUS_PREFIX):
-            _, _, text = line.partition(" message=")
-            reason = line.split(" reason=", 1)[-1].split(" ", 1)[0]
-            return f"{reason}: {text}"[:limit] if text else reason
+    final = FinalStatus.parse(message)
+    if final is not None:
+        return f"{final.reason}: {final.message}"[:limit] if final.message else final.reason
     first = message.strip().splitlines()[0] if message.strip() else ""
     return first.split(", last available logs")[0][:limit]
 

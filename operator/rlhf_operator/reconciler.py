@@ -38,6 +38,7 @@ from rlhf_operator.rayjobs import RayJobClient
 from rlhfjob import contract
 from rlhfjob.api import Condition, Phase, RestartRecord, RLHFJob, RLHFJobStatus
 from rlhfjob.config import InvalidJobError, parse_job
+from rlhfjob.contract import LeaseReport, PodEnv
 
 log = logging.getLogger("rlhf_operator")
 
@@ -49,45 +50,15 @@ EVENT_MESSAGE_LIMIT = 1024
 """The API server rejects longer Event messages."""
 
 
-def _annotation_int(annotations: dict[str, str], key: str) -> int | None:
-    value = annotations.get(key)
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
 def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
     """Read the trainer's Lease; unreadable annotations count as missing, never as a crash."""
     if lease is None or lease.spec is None or lease.spec.renew_time is None:
         return None
-    notes = lease.metadata.annotations or {}
     renewed = lease.spec.renew_time
     if renewed.tzinfo is None:
         renewed = renewed.replace(tzinfo=UTC)
-    try:
-        step_changed = parse_time(notes.get(contract.LEASE_STEP_TIME))
-    except ValueError:
-        step_changed = None
-    return HeartbeatView(
-        renewed=renewed,
-        step=_annotation_int(notes, contract.LEASE_STEP),
-        total_steps=_annotation_int(notes, contract.LEASE_TOTAL_STEPS),
-        checkpoint_step=_annotation_int(notes, contract.LEASE_CHECKPOINT_STEP),
-        checkpoint_path=notes.get(contract.LEASE_CHECKPOINT_PATH),
-        attempt=_annotation_int(notes, contract.LEASE_ATTEMPT),
-        step_changed=step_changed,
-        rollout_engines=_fraction(notes.get(contract.LEASE_ROLLOUT_ENGINES)),
-    )
-
-
-def _fraction(value: str | None) -> tuple[int, int] | None:
-    """``"1/2"`` → ``(1, 2)``; anything else → None."""
-    live, _, desired = (value or "").partition("/")
-    try:
-        return int(live), int(desired)
-    except ValueError:
-        return None
+    report = LeaseReport.from_annotations(lease.metadata.annotations or {})
+    return HeartbeatView(renewed=renewed, **vars(report))
 
 
 def _pod_ready(pod: Any) -> bool:
@@ -280,11 +251,9 @@ class Reconciler:
 
     async def _submit(self, job: RLHFJob, dashboard: str, action: SubmitRayJob, plan: Plan) -> None:
         attempt = str(job.status.restart_count if job.status else 0)
-        env = {
-            contract.ENV_JOB_NAME: job.metadata.name,
-            contract.ENV_JOB_NAMESPACE: job.metadata.namespace,
-            contract.ENV_ATTEMPT: attempt,
-        }
+        env = PodEnv(
+            job_name=job.metadata.name, job_namespace=job.metadata.namespace, attempt=int(attempt)
+        ).to_env()
         metadata = {"rlhfjob": job.metadata.name, "attempt": attempt}
         self.metrics.submissions.inc()
         try:

@@ -117,15 +117,8 @@ def connect_ray(job: RLHFJob) -> bool:
 
 
 def final_status(code: ExitCode, message: str) -> str:
-    """The last line the operator reads (`contract.FINAL_STATUS_PREFIX`)."""
-    reason = {
-        ExitCode.SUCCEEDED: "Succeeded",
-        ExitCode.FAILED: "Failed",
-        ExitCode.NON_RETRYABLE: "InvalidJob",
-        ExitCode.TERMINATED: "Terminated",
-    }[code]
-    message = " ".join(message.split())
-    return f"{contract.FINAL_STATUS_PREFIX} code={int(code)} reason={reason} message={message}"
+    """The last line the operator reads (`contract.FinalStatus`)."""
+    return contract.FinalStatus.of(code, message).format()
 
 
 def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None = None) -> int:

@@ -3,7 +3,7 @@
 The operator creates a Lease named after the job; the trainer driver only reads and updates it
 (its ServiceAccount may ``get`` and ``update`` that one Lease). Every ``interval_seconds`` a
 background thread sets ``spec.renewTime`` (and ``holderIdentity``, ``leaseDurationSeconds``) and
-these annotations, whose keys are defined once in :mod:`rlhfjob.contract` for both sides:
+these annotations, a :class:`rlhfjob.contract.LeaseReport` encoded once for both sides:
 
 =============================  =============================================================
 ``rlhf.dev/step``              last completed training step (decimal integer)
@@ -32,12 +32,14 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from rlhfjob import contract
+from rlhfjob.contract.lease import LeaseReport
+from rlhfjob.contract.lease import format_time as format_time  # re-exported for callers
 
 logger = logging.getLogger(__name__)
 
@@ -63,42 +65,8 @@ class LeaseClient(Protocol):
     def replace_namespaced_lease(self, name: str, namespace: str, body: Any) -> Any: ...
 
 
-@dataclass(frozen=True)
-class TrainingProgress:
-    """What the heartbeat reports; ``None`` fields are not written."""
-
-    step: int | None = None
-    step_time: datetime | None = None
-    """When ``step`` was first reported with its current value."""
-    total_steps: int | None = None
-    phase: str | None = None
-    checkpoint_step: int | None = None
-    checkpoint_path: str | None = None
-    attempt: int | None = None
-    rollout_engines: str | None = None
-    """``<live>/<desired>``, e.g. ``1/2``."""
-
-    def annotations(self) -> dict[str, str]:
-        values = {
-            ANNOTATION_STEP: self.step,
-            ANNOTATION_STEP_TIME: format_time(self.step_time) if self.step_time else None,
-            ANNOTATION_TOTAL_STEPS: self.total_steps,
-            ANNOTATION_PHASE: self.phase,
-            ANNOTATION_CHECKPOINT_STEP: self.checkpoint_step,
-            ANNOTATION_CHECKPOINT_PATH: self.checkpoint_path,
-            ANNOTATION_ATTEMPT: self.attempt,
-            ANNOTATION_ROLLOUT_ENGINES: self.rollout_engines,
-        }
-        return {key: str(value) for key, value in values.items() if value is not None}
-
-
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with a ``Z`` suffix, the form Kubernetes writes."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _lease_time(moment: datetime) -> datetime:
@@ -149,7 +117,7 @@ class Heartbeat:
         self._now = now
         self._lock = threading.Lock()  # guards _progress
         self._renew_lock = threading.Lock()  # one renewal at a time (thread vs. explicit renew)
-        self._progress = TrainingProgress(attempt=attempt, total_steps=total_steps)
+        self._progress = LeaseReport(attempt=attempt, total_steps=total_steps)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: Exception | None = None
@@ -158,32 +126,17 @@ class Heartbeat:
         """Successful renewals so far."""
 
     @property
-    def progress(self) -> TrainingProgress:
+    def progress(self) -> LeaseReport:
         with self._lock:
             return self._progress
 
-    def update(
-        self,
-        *,
-        step: int | None = None,
-        phase: str | None = None,
-        checkpoint_step: int | None = None,
-        checkpoint_path: str | None = None,
-        rollout_engines: str | None = None,
-    ) -> None:
-        """Record progress for the next renewal. Arguments left as ``None`` keep their value."""
+    def update(self, **changes: Any) -> None:
+        """Record progress for the next renewal: keywords are `LeaseReport` fields, and one left
+        as ``None`` keeps its value. A new step also sets when it changed."""
         with self._lock:
-            progress = self._progress
-            if step is not None and step != progress.step:
-                progress = replace(progress, step=step, step_time=self._now())
-            if phase is not None:
-                progress = replace(progress, phase=phase)
-            if checkpoint_step is not None:
-                progress = replace(progress, checkpoint_step=checkpoint_step)
-            if checkpoint_path is not None:
-                progress = replace(progress, checkpoint_path=checkpoint_path)
-            if rollout_engines is not None:
-                progress = replace(progress, rollout_engines=rollout_engines)
+            progress = self._progress.updated(**changes)
+            if progress.step != self._progress.step:
+                progress = replace(progress, step_changed=self._now())
             self._progress = progress
 
     def renew(self) -> bool:
@@ -221,7 +174,7 @@ class Heartbeat:
         if lease.metadata is None:
             lease.metadata = V1ObjectMeta()
         annotations = dict(lease.metadata.annotations or {})
-        annotations.update(self.progress.annotations())
+        annotations.update(self.progress.to_annotations())
         lease.metadata.annotations = annotations
 
         if lease.spec is None:
@@ -277,21 +230,13 @@ class NoopHeartbeat:
     """Stand-in for :class:`Heartbeat` when no Lease is configured (a local run)."""
 
     def __init__(self) -> None:
-        self._progress = TrainingProgress()
+        self._progress = LeaseReport()
 
     @property
-    def progress(self) -> TrainingProgress:
+    def progress(self) -> LeaseReport:
         return self._progress
 
-    def update(
-        self,
-        *,
-        step: int | None = None,
-        phase: str | None = None,
-        checkpoint_step: int | None = None,
-        checkpoint_path: str | None = None,
-        rollout_engines: str | None = None,
-    ) -> None:
+    def update(self, **changes: Any) -> None:
         """Accepted and ignored."""
 
     def renew(self) -> bool:

@@ -187,11 +187,12 @@ class Trainer:
         self.run_dir = Path(contract.checkpoint_dir(job))
         self.store = CheckpointStore(self.run_dir, keep_last=spec.checkpoint.keep_last)
         self.data = self._prompt_iterator(DataPosition())
-        self.attempt = int(os.environ.get(contract.ENV_ATTEMPT, "0"))
+        pod_env = contract.PodEnv.from_env(os.environ)
+        self.attempt = pod_env.attempt or 0
         self.metrics = m.TrainerMetrics(jsonl_path=self.run_dir / STEP_LOG, attempt=self.attempt)
         self.heartbeat = make_heartbeat(
-            os.environ.get(contract.ENV_JOB_NAME),
-            os.environ.get(contract.ENV_JOB_NAMESPACE),
+            pod_env.job_name,
+            pod_env.job_namespace,
             interval_seconds=spec.liveness.heartbeat_interval_seconds,
             lease_duration_seconds=spec.liveness.heartbeat_timeout_seconds,
             attempt=self.attempt,
@@ -228,7 +229,7 @@ class Trainer:
         started = time.perf_counter()
         rollout, seed = roles.rollout, self.algorithm.seed
         slots = actor_slots(rollout)
-        minimum = rollout.min_replicas if rollout.min_replicas is not None else rollout.replicas
+        minimum = rollout.effective_min_replicas
         source = ModelSource.from_spec(spec.model, seed=seed, on_gpu=rollout.gpus > 0)
         self.launcher = EngineLauncher(
             rollout,
@@ -363,7 +364,7 @@ class Trainer:
 
     def _report_engines(self, live: int, desired: int) -> None:
         self.metrics.set_rollout_engines(live, desired)
-        self.heartbeat.update(rollout_engines=f"{live}/{desired}")
+        self.heartbeat.update(rollout_engines=contract.EngineCount(live, desired))
 
     @property
     def groups(self) -> list[WorkerGroup]:

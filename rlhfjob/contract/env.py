@@ -1,0 +1,51 @@
+"""The environment the operator gives the Ray pods and the trainer driver.
+
+The builder writes it into every pod template, the reconciler into every Ray job submission, and
+the trainer reads it back: one type, so the names cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+ENV_JOB_NAME = "RLHF_JOB_NAME"
+ENV_JOB_NAMESPACE = "RLHF_JOB_NAMESPACE"
+ENV_ROLE = "RLHF_ROLE"
+ENV_JOB_CONFIG = "RLHF_JOB_CONFIG"
+"""Path of the job file (the ConfigMap mounted in every pod)."""
+ENV_ATTEMPT = "RLHF_ATTEMPT"
+"""Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
+
+_NAMES = {
+    "job_name": ENV_JOB_NAME,
+    "job_namespace": ENV_JOB_NAMESPACE,
+    "role": ENV_ROLE,
+    "job_config": ENV_JOB_CONFIG,
+    "attempt": ENV_ATTEMPT,
+}
+
+
+@dataclass(frozen=True)
+class PodEnv:
+    """What a pod or driver is told about its job; a field left as None is not set."""
+
+    job_name: str | None = None
+    job_namespace: str | None = None
+    role: str | None = None
+    """The pod's role (``head`` or a worker group); only pods have one."""
+    job_config: str | None = None
+    attempt: int | None = None
+    """Only Ray job submissions carry it: pods outlive attempts."""
+
+    def to_env(self) -> dict[str, str]:
+        """The variables, in field order (manifests stay byte-identical)."""
+        values = ((_NAMES[f.name], getattr(self, f.name)) for f in fields(self))
+        return {name: str(value) for name, value in values if value is not None}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> PodEnv:
+        """Read it back; unset or empty is None, and an unreadable attempt counts as unset."""
+        found = {field: environ.get(name) or None for field, name in _NAMES.items()}
+        attempt = found.pop("attempt")
+        return cls(**found, attempt=int(attempt) if attempt and attempt.isdigit() else None)

@@ -1,0 +1,37 @@
+"""The operator's public words for what went wrong.
+
+They appear in `status.restartHistory[].reason`, as Event reasons, in the `reason` label of
+`rlhf_operator_restarts_total` and friends, and in the README's failure table; renaming one
+breaks dashboards and alerts, so each is spelt once, here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RestartReason(StrEnum):
+    """Why the operator climbed the recovery ladder (design decision 5)."""
+
+    TRAINER_FAILED = "TrainerFailed"
+    """The Ray job FAILED or was STOPPED by someone else: the driver is gone."""
+    TRAINER_POD_LOST = "TrainerPodLost"
+    """As TrainerFailed, with a trainer pod missing at that moment."""
+    TRAINER_HUNG = "TrainerHung"
+    """No heartbeat within `heartbeatTimeoutSeconds` (or none at all since it started)."""
+    TRAINER_STALLED = "TrainerStalled"
+    """Heartbeats continue but the step has not moved for `progressTimeoutSeconds`."""
+    HEAD_LOST = "HeadLost"
+    """The Ray head (and with it every job and actor) is gone."""
+    CLUSTER_UNHEALTHY = "ClusterUnhealthy"
+    """The RayCluster or its dashboard stayed unhealthy past `clusterRecoveryTimeoutSeconds`."""
+
+
+class FailureReason(StrEnum):
+    """Why a job ended Failed (the `Failed` condition's reason and its Event)."""
+
+    NON_RETRYABLE = "NonRetryableError"
+    RESTARTS_EXHAUSTED = "RestartsExhausted"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    PROVISIONING_TIMEOUT = "ProvisioningTimeout"
+    INVALID_SPEC = "InvalidSpec"
