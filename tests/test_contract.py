@@ -85,6 +85,16 @@ def test_lease_report_annotations_are_the_wire_format() -> None:
     }
 
 
+def test_the_preemption_acknowledgement_round_trips() -> None:
+    ack = LeaseReport(step=30, checkpoint_requested_at=WHEN, checkpoint_saved_step=30)
+    assert ack.to_annotations() == {
+        "rlhf.dev/step": "30",
+        "rlhf.dev/checkpoint-requested-at": "2026-03-01T12:00:00.250000Z",
+        "rlhf.dev/checkpoint-saved-step": "30",
+    }
+    assert LeaseReport.from_annotations(ack.to_annotations()) == ack
+
+
 def test_an_older_trainers_lease_decodes_with_the_new_fields_missing() -> None:
     older = {"rlhf.dev/step": "5", "rlhf.dev/attempt": "0"}  # before step-time and engines
     assert LeaseReport.from_annotations(older) == LeaseReport(step=5, attempt=0)

@@ -27,6 +27,10 @@ LEASE_STEP_TIME = f"{GROUP}/step-time"
 """RFC 3339 time at which `step` last advanced: the operator's evidence of progress."""
 LEASE_ROLLOUT_ENGINES = f"{GROUP}/rollout-engines"
 """`<live>/<desired>` rollout engines the trainer generates with (elastic roles, decision 5)."""
+LEASE_CHECKPOINT_REQUESTED_AT = f"{GROUP}/checkpoint-requested-at"
+"""When the trainer saw a request to checkpoint now (preemption): its acknowledgement."""
+LEASE_CHECKPOINT_SAVED_STEP = f"{GROUP}/checkpoint-saved-step"
+"""The step of the checkpoint it saved in answer: after that the pods may go."""
 
 
 def format_time(moment: datetime) -> str:
@@ -88,6 +92,12 @@ class LeaseReport:
     """Which restart wrote it, so the operator ignores a stale writer."""
     rollout_engines: EngineCount | None = field(
         default=None, metadata=_wire(LEASE_ROLLOUT_ENGINES, _ENGINES)
+    )
+    checkpoint_requested_at: datetime | None = field(
+        default=None, metadata=_wire(LEASE_CHECKPOINT_REQUESTED_AT, _TIME)
+    )
+    checkpoint_saved_step: int | None = field(
+        default=None, metadata=_wire(LEASE_CHECKPOINT_SAVED_STEP, _INT)
     )
 
     def __post_init__(self) -> None:
