@@ -192,15 +192,37 @@ class ElasticRoleSpec(RoleSpec):
     )
 
 
-class RolloutRoleSpec(ElasticRoleSpec):
-    """Rollout engines: each replica hosts `gpus / tensorParallelSize` engines (one on CPU)."""
+RolloutPlacement = Literal["disaggregated", "colocated"]
+COLOCATED: RolloutPlacement = "colocated"
 
+
+def _unless_colocated(rule: str) -> str:
+    return f"self.placement != '{COLOCATED}' || ({rule})"
+
+
+class RolloutRoleSpec(ElasticRoleSpec):
+    """Rollout engines: each replica hosts `gpus / tensorParallelSize` engines (one on CPU).
+
+    Colocated, the engines have no pods of their own: every trainer rank hosts one engine on
+    its own GPU (or CPU), and the pod fields of this role stay unset.
+    """
+
+    placement: RolloutPlacement = "disaggregated"
+    """`disaggregated`: engines on this role's own pods and node pool, weights sent over a
+    process group after each update. `colocated`: each trainer rank hosts an engine on its own
+    GPU (a hybrid engine); vLLM sleeps during the update, the trainer offloads its optimizer
+    state during generation, and weights pass in-process. Colocated engines live and die with
+    their rank, so the role is not elastic then."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     """GPUs one engine spans."""
     backend: Literal["vllm", "hf"] = "vllm"
     """`vllm` on GPUs; `hf` (transformers) for CPU runs and tests."""
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
-    """Fraction of each GPU vLLM may claim."""
+    """Fraction of each GPU vLLM may claim (colocated: the share beside the trainer)."""
+    sleep_level: int = Field(default=2, ge=1, le=2)
+    """Colocated vLLM only: what the engine releases while the trainer updates. 1 moves its
+    weights to host memory and frees the KV cache; 2 frees both (the update's new weights are
+    loaded at wake-up anyway)."""
 
     cel_rules = (
         *ElasticRoleSpec.cel_rules,
@@ -211,13 +233,45 @@ class RolloutRoleSpec(ElasticRoleSpec):
             ".gpus",
         ),
         CelRule(
-            "self.backend != 'vllm' || self.gpus >= 1",
+            f"self.backend != 'vllm' || self.placement == '{COLOCATED}' || self.gpus >= 1",
             "the vllm backend needs gpus >= 1 (use backend: hf on CPU)",
             ".backend",
         ),
+        CelRule(
+            _unless_colocated("!has(self.gpus) || self.gpus == 0"),
+            "colocated engines run on the trainer's GPUs: leave roles.rollout.gpus at 0",
+            ".gpus",
+        ),
+        CelRule(
+            _unless_colocated(
+                "(!has(self.replicas) || self.replicas == 1) && !has(self.minReplicas)"
+            ),
+            "colocated engines come one per trainer rank: leave replicas and minReplicas unset",
+            ".replicas",
+        ),
+        CelRule(
+            _unless_colocated(
+                "(!has(self.nodeSelector) || size(self.nodeSelector) == 0)"
+                " && (!has(self.tolerations) || size(self.tolerations) == 0)"
+                " && !has(self.affinity)"
+            ),
+            "colocated engines run in the trainer's pods: set nodeSelector, tolerations and "
+            "affinity on roles.trainer",
+            ".placement",
+        ),
+        CelRule(
+            _unless_colocated("!has(self.tensorParallelSize) || self.tensorParallelSize == 1"),
+            "colocated engines span one GPU each for now (tensorParallelSize 1)",
+            ".tensorParallelSize",
+        ),
+        immutable("placement"),
         immutable("tensorParallelSize"),
         immutable("backend"),
     )
+
+    @property
+    def colocated(self) -> bool:
+        return self.placement == COLOCATED
 
 
 def ray_resource(role: str) -> str:
@@ -244,13 +298,32 @@ class Roles(ApiModel):
     critic: RoleSpec | None = None
     """Value model for PPO."""
 
-    cel_rules = (immutable("trainer"), immutable("reference"), immutable("critic"))
+    cel_rules = (
+        immutable("trainer"),
+        immutable("reference"),
+        immutable("critic"),
+        CelRule(
+            f"self.rollout.placement != '{COLOCATED}' || self.rollout.backend != 'vllm'"
+            " || self.trainer.gpus >= 1",
+            "colocated vllm engines need trainer GPUs (roles.trainer.gpus >= 1)",
+            ".rollout.placement",
+        ),
+        CelRule(
+            f"self.rollout.placement != '{COLOCATED}'"
+            " || self.trainer.gpus % self.rollout.tensorParallelSize == 0",
+            "colocated engines need roles.trainer.gpus to be a multiple of tensorParallelSize",
+            ".rollout.tensorParallelSize",
+        ),
+    )
 
     def enabled(self) -> dict[str, RoleSpec]:
-        """Roles that get a worker group, in a fixed order (manifests must be deterministic)."""
+        """Roles that get a worker group, in a fixed order (manifests must be deterministic).
+
+        A colocated rollout has none: its engines live in the trainer's pods.
+        """
         roles: dict[str, RoleSpec | None] = {
             "trainer": self.trainer,
-            "rollout": self.rollout,
+            "rollout": None if self.rollout.colocated else self.rollout,
             "reference": self.reference,
             "reward": self.reward,
             "critic": self.critic,

@@ -7,9 +7,10 @@ Each case is a patch on a small valid job; `None` in a patch deletes that key.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
+
+from rlhfjob.patches import merge_patch
 
 
 def valid_job(name: str = "valid-job") -> dict[str, Any]:
@@ -27,19 +28,6 @@ def valid_job(name: str = "valid-job") -> dict[str, Any]:
             "roles": {"trainer": {}, "rollout": {"backend": "hf"}},
         },
     }
-
-
-def merge_patch(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """RFC 7386 merge patch: dicts merge, other values replace, None deletes."""
-    result = copy.deepcopy(base)
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        elif isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = merge_patch(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
 
 
 @dataclass(frozen=True)
@@ -153,6 +141,57 @@ INVALID_CASES: list[InvalidCase] = [
         _role("rollout", backend="vllm", gpus=0),
         "spec.roles.rollout.backend",
         "the vllm backend needs gpus >= 1",
+    ),
+    InvalidCase(
+        "colocated-with-rollout-gpus",
+        _role("rollout", placement="colocated", gpus=8),
+        "spec.roles.rollout.gpus",
+        "colocated engines run on the trainer's GPUs",
+    ),
+    InvalidCase(
+        "colocated-with-replicas",
+        _role("rollout", placement="colocated", replicas=4),
+        "spec.roles.rollout.replicas",
+        "colocated engines come one per trainer rank",
+    ),
+    InvalidCase(
+        "colocated-with-min-replicas",
+        _role("rollout", placement="colocated", minReplicas=1),
+        "spec.roles.rollout.replicas",
+        "colocated engines come one per trainer rank",
+    ),
+    InvalidCase(
+        "colocated-with-own-pool",
+        _role("rollout", placement="colocated", nodeSelector={"pool": "rollout"}),
+        "spec.roles.rollout.placement",
+        "colocated engines run in the trainer's pods",
+    ),
+    InvalidCase(
+        "colocated-tensor-parallel",
+        _spec(
+            roles={
+                "trainer": {"gpus": 4},
+                "rollout": {"placement": "colocated", "backend": "vllm", "tensorParallelSize": 2},
+            }
+        ),
+        "spec.roles.rollout.tensorParallelSize",
+        "colocated engines span one GPU each for now",
+    ),
+    InvalidCase(
+        "colocated-vllm-without-trainer-gpus",
+        _role("rollout", placement="colocated", backend="vllm"),
+        "spec.roles.rollout.placement",
+        "colocated vllm engines need trainer GPUs",
+    ),
+    InvalidCase(
+        "placement-unknown",
+        _role("rollout", placement="shared"),
+        "spec.roles.rollout.placement",
+    ),
+    InvalidCase(
+        "sleep-level-three",
+        _role("rollout", sleepLevel=3),
+        "spec.roles.rollout.sleepLevel",
     ),
     InvalidCase("cpu-not-a-quantity", _role("trainer", cpu="lots"), "spec.roles.trainer.cpu"),
     InvalidCase(

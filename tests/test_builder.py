@@ -96,6 +96,23 @@ def test_one_worker_group_per_enabled_role_with_placement() -> None:
     assert groups["critic"]["template"]["spec"]["affinity"] == {"podAntiAffinity": {}}
 
 
+def test_a_colocated_rollout_gets_no_worker_group_and_rides_on_the_trainer_pods() -> None:
+    job = _job(
+        {
+            "spec": {
+                "roles": {
+                    "trainer": {"replicas": 2, "gpus": 8},
+                    "rollout": {"placement": "colocated", "backend": "vllm"},
+                },
+            }
+        }
+    )
+    groups = _groups(builder.build_ray_cluster(job))
+    assert list(groups) == ["trainer"]
+    advertised = json.loads(json.loads(groups["trainer"]["rayStartParams"]["resources"]))
+    assert advertised == {"rlhf-role-trainer": 8}, "one rank, and so one engine, per GPU"
+
+
 def test_head_requests_no_gpu_and_hosts_no_actors() -> None:
     cluster = builder.build_ray_cluster(_job({"spec": {"roles": {"trainer": {"gpus": 8}}}}))
     head = cluster["spec"]["headGroupSpec"]

@@ -24,12 +24,19 @@ def test_copy_first_token_reward_compares_with_the_prompt() -> None:
     assert tasks.copy_first_token_reward(prompts, responses, [{}] * 3) == [0.75, 0.0, 0.0]
 
 
+def test_even_token_reward_counts_even_ids_whatever_the_vocabulary() -> None:
+    responses = [[2, 4, 151934, 0], [1, 2, 3, 151935], [7], []]
+    # 4/4, 1/4, 0/1, and 0 for an empty response
+    assert tasks.even_token_reward([[5]] * 4, responses, [{}] * 4) == [1.0, 0.25, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_every_task_reward_spec_loads_and_reaches_its_maximum(name: str) -> None:
     task = get_task(name)
     prompts = task.make_prompts(count=5, seed=0)
     perfect = [
-        [TARGET_TOKEN if name == "target_token" else prompt[0]] * task.response_length
+        [{"target_token": TARGET_TOKEN, "even_tokens": 2}.get(name, prompt[0])]
+        * task.response_length
         for prompt in prompts
     ]
     reward = RuleReward.from_spec(task.reward_function)

@@ -32,8 +32,10 @@ from rlhf_trainer import checkpoint as ckpt
 from rlhf_trainer import weight_sync as ws
 from rlhf_trainer.adoption import spec_digest, spec_json
 from rlhf_trainer.batch import Batch, ShardPlan
+from rlhf_trainer.colocated import ColocatedEngine
 from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
-from rlhf_trainer.zero import deepspeed_config, lr_multiplier
+from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.zero import deepspeed_config, lr_multiplier, zero_stage
 from rlhfjob.api import RLHFJobSpec, RoleSpec, actor_slots, ray_resource
 
 logger = logging.getLogger(__name__)
@@ -147,6 +149,7 @@ class ZeroWorker:
             bf16=self.dtype == torch.bfloat16,
             on_gpu=self.on_gpu,
             train=train,
+            stage=zero_stage(self.world_size, self.on_gpu),
         )
 
     def _training_engine(
@@ -155,7 +158,9 @@ class ZeroWorker:
         import deepspeed
 
         algorithm = self.spec.algorithm
-        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=learning_rate, weight_decay=0.0, fused=self.on_gpu
+        )
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
             lr_multiplier(algorithm.lr_schedule, algorithm.warmup_steps, total_optimizer_steps),
@@ -226,6 +231,9 @@ class PolicyWorker(ZeroWorker):
     second, optimizer-less ZeRO-3 engine over the same group).
     """
 
+    rollout: ColocatedEngine | None = None
+    """This rank's own rollout engine when the rollout is colocated (`rlhf_trainer.colocated`)."""
+
     def _build(self, total_optimizer_steps: int) -> None:
         model = build_causal_lm(self.spec.model, self.seed, self.dtype)
         self.engine = self._training_engine(
@@ -235,9 +243,43 @@ class PolicyWorker(ZeroWorker):
         if self.spec.roles.reference is None and self.spec.algorithm.kl_coef > 0:
             ref = build_reference(self.spec.model, self.seed, self.dtype)
             self.reference = self._inference_engine(ref)
+        if self.spec.roles.rollout.colocated:
+            # Built last, so vLLM sizes its KV cache from what the trainer leaves free.
+            self.rollout = ColocatedEngine(self.spec, self.rank, self.device)
+
+    def _for_training(self) -> None:
+        if self.rollout is not None:
+            self.rollout.for_training(self.engine)
+
+    # -- colocated rollout (see rlhf_trainer.colocated) ---------------------------------------
+
+    def _colocated(self) -> ColocatedEngine:
+        if self.rollout is None:
+            raise RuntimeError("this job's rollout is not colocated")
+        return self.rollout
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """Sample with this rank's own engine (the trainer's state makes room first)."""
+        return self._colocated().generate(self.engine, prompts, sampling)
+
+    def update_rollout_engine(self, version: int) -> dict[str, Any]:
+        """Load the current weights into this rank's engine as `version` (every rank calls it:
+        the ZeRO-3 gathers are collective)."""
+        rollout = self._colocated()
+        self._for_training()
+        return rollout.load(self.engine.module, version)
+
+    def colocation_seconds(self) -> dict[str, float]:
+        """Time this rank spent handing memory between trainer and engine, by kind."""
+        return dict(self._colocated().seconds)
+
+    # -- training -----------------------------------------------------------------------------
 
     def logprobs(self, batch: Batch) -> Tensor:
         """Current-policy log-probs of this rank's shard (for the old log-probs of a rollout)."""
+        self._for_training()
         self.engine.eval()
         return _sequence_logprobs(
             self.engine,
@@ -249,6 +291,7 @@ class PolicyWorker(ZeroWorker):
     def reference_logprobs(self, batch: Batch) -> Tensor:
         if self.reference is None:
             raise RuntimeError("this job has no reference model on the trainer (klCoef is 0)")
+        self._for_training()
         return _sequence_logprobs(
             self.reference,
             self._shard(batch),
@@ -269,6 +312,7 @@ class PolicyWorker(ZeroWorker):
         kl_in_loss = algorithm.kl_mode == "loss" and algorithm.kl_coef > 0
         scale = self.world_size * self.plan.accumulation_steps / max(total_tokens, 1)
 
+        self._for_training()
         self.engine.train()
         sums: dict[str, float] = {}
         grad_norms = []
@@ -387,9 +431,11 @@ class PolicyWorker(ZeroWorker):
                 pass
 
     def save(self, directory: str) -> None:
+        self._for_training()
         self._save_engine(self.engine, Path(directory) / "policy")
 
     def load(self, directory: str) -> None:
+        self._for_training()
         self._load_engine(self.engine, Path(directory) / "policy")
 
 

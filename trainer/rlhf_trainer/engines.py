@@ -203,7 +203,11 @@ class HFEngine:
             sampled.extend(self._sample_batch(batch, sampling, generator))
         return [
             [
-                Completion(token_ids=ids, logprobs=logprobs, policy_version=self._version)
+                Completion(
+                    token_ids=ids,
+                    logprobs=logprobs if sampling.logprobs else [],
+                    policy_version=self._version,
+                )
                 for ids, logprobs in sampled[i * sampling.n : (i + 1) * sampling.n]
             ]
             for i in range(len(prompts))
@@ -216,7 +220,11 @@ class HFEngine:
         tied parameters answer to each of their names.
         """
         self._consistent = False
-        self._copy_weights(list(weights))
+        self.copy_weights(list(weights))
+        self.set_version(version)
+
+    def set_version(self, version: int) -> None:
+        """Adopt `version` once every tensor of it was copied (`copy_weights`)."""
         self._version = int(version)
         self._consistent = True
 
@@ -238,7 +246,7 @@ class HFEngine:
             raise RuntimeError("init_weight_sync() first")
         plan = SyncPlan.from_dict(plan)
         self._consistent = False
-        stats = self._receiver.receive(plan, self._copy_weights)
+        stats = self._receiver.receive(plan, self.copy_weights)
         self._version = plan.version
         self._consistent = True
         return stats
@@ -261,7 +269,10 @@ class HFEngine:
     # ---- internals ---------------------------------------------------------------------
 
     @torch.no_grad()
-    def _copy_weights(self, weights: NamedTensors) -> None:
+    def copy_weights(self, weights: NamedTensors) -> None:
+        """Copy tensors into the parameters of the same name; the engine refuses to generate
+        until `set_version` says the load is complete."""
+        self._consistent = False
         for name, tensor in weights:
             target = self._parameters.get(name)
             if target is None:
@@ -374,8 +385,13 @@ class VLLMEngine:
         enforce_eager: bool = False,
         max_model_len: int | None = None,
         seed: int = 0,
+        colocated: bool = False,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        if colocated:
+            # The engine runs inside the trainer rank's process, on its GPU and its
+            # torch.distributed world, so weights pass as tensors, not over a process group.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
         self._model_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -400,7 +416,10 @@ class VLLMEngine:
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        if tensor_parallel_size > 1:
+        if colocated:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            kwargs["enable_sleep_mode"] = True
+        elif tensor_parallel_size > 1:
             # Worker processes on the GPUs Ray gave this actor (not a nested Ray placement).
             kwargs["distributed_executor_backend"] = "mp"
         kwargs.update(llm_kwargs or {})
@@ -408,6 +427,10 @@ class VLLMEngine:
         self._tensor_parallel_size = tensor_parallel_size
         self._version = 0
         self._consistent = True
+        self.asleep: int | None = None
+        """The sleep level the engine is at (None: awake)."""
+        self._weights_awake = True
+        self._reset_pending = False
 
     def policy_version(self) -> int:
         return self._version
@@ -433,7 +456,7 @@ class VLLMEngine:
                 # vLLM gives sample j of a request the seed `seed + j`; mixing in the prompt
                 # index keeps prompts on unrelated random streams (31 bits: safe everywhere).
                 seed=None if base_seed is None else derive_seed(base_seed, index) % 2**31,
-                logprobs=0,
+                logprobs=0 if sampling.logprobs else None,
                 stop_token_ids=list(sampling.stop_token_ids),
                 ignore_eos=True,  # stop only where the caller says (no tokenizer EOS guessing)
                 detokenize=False,
@@ -447,12 +470,14 @@ class VLLMEngine:
         for output in outputs:
             completions = []
             for sample in sorted(output.outputs, key=lambda sample: sample.index):
-                ids = [int(token) for token in sample.token_ids]
-                assert sample.logprobs is not None, "vLLM returned no log-probs"
-                logprobs = [
-                    float(position[token].logprob)
-                    for position, token in zip(sample.logprobs, ids, strict=True)
-                ]
+                ids = list(sample.token_ids)
+                logprobs: list[float] = []
+                if sampling.logprobs:
+                    assert sample.logprobs is not None, "vLLM returned no log-probs"
+                    logprobs = [
+                        float(position[token].logprob)
+                        for position, token in zip(sample.logprobs, ids, strict=True)
+                    ]
                 completions.append(Completion(ids, logprobs, self._version))
             results.append(completions * sampling.n if greedy else completions)
         return results
@@ -464,6 +489,51 @@ class VLLMEngine:
         self._consistent = False
         self._llm.collective_rpc("rlhf_load_weights", args=(payload,))
         self._llm.reset_prefix_cache()  # cached KV blocks came from the old weights
+        self._version = int(version)
+        self._consistent = True
+
+    # ---- colocated: sleep, wake, load tensors in place ----------------------------------
+
+    def sleep(self, level: int) -> None:
+        """Release GPU memory for the trainer: level 1 moves the weights to host memory and
+        frees the KV cache, level 2 frees both."""
+        if self.asleep is None:
+            self._llm.sleep(level=level)
+            self.asleep = level
+            self._weights_awake = False
+
+    def wake_weights(self) -> None:
+        """Bring back the weights' memory (level 2: uninitialised until loaded)."""
+        if self.asleep is not None and not self._weights_awake:
+            self._llm.wake_up(tags=["weights"])
+            self._weights_awake = True
+
+    def wake(self) -> None:
+        """Weights and KV cache back: ready to generate."""
+        if self.asleep is not None:
+            self.wake_weights()
+            self._llm.wake_up(tags=["kv_cache"])
+            self.asleep = None
+        if self._reset_pending:
+            self._llm.reset_prefix_cache()
+            self._reset_pending = False
+
+    def load_tensors(self, weights: NamedTensors) -> None:
+        """Load tensors that are already on this GPU through the model's own `load_weights`.
+
+        Colocated only: the worker lives in this process, so the RPC is a plain call and the
+        tensors are neither copied to the host nor serialised. Call `finish_load` after the
+        last bucket.
+        """
+        self._consistent = False
+        self.wake_weights()
+        self._llm.collective_rpc("rlhf_load_tensors", args=(list(weights),))
+
+    def finish_load(self, version: int) -> None:
+        if self.asleep is None:
+            self._llm.reset_prefix_cache()  # cached KV blocks came from the old weights
+        else:
+            self._reset_pending = True  # the KV cache is asleep; reset it when it wakes
         self._version = int(version)
         self._consistent = True
 
@@ -530,6 +600,10 @@ class VLLMWorkerExtension:
 
     def rlhf_load_weights(self, weights: list[Sequence[Any]]) -> None:
         self._rlhf_load([(str(name), tensor.to(self.device)) for name, tensor in weights])
+
+    def rlhf_load_tensors(self, weights: NamedTensors) -> None:
+        """In-process (colocated) only: tensors already on this worker's GPU, by reference."""
+        self._rlhf_load(weights)
 
     def rlhf_close_weight_sync(self) -> None:
         receiver: WeightSyncReceiver | None = getattr(self, "_rlhf_receiver", None)

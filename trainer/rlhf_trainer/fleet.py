@@ -27,12 +27,14 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlhf_trainer.actors import WorkerGroup
 from rlhf_trainer.engines import derive_seed
 from rlhf_trainer.rollout import Completion, SamplingParams
 from rlhf_trainer.weight_sync import SyncStats
+
+if TYPE_CHECKING:
+    from rlhf_trainer.actors import WorkerGroup
 
 SYNC_TIMEOUT_S = 60.0
 """Bound on each broadcast of a sync: how long a rank waits for a dead or stalled peer."""

@@ -45,6 +45,7 @@ from rlhf_trainer.checkpoint import (
     read_checkpoint,
     restore_rng_state,
 )
+from rlhf_trainer.colocated import ColocatedRollout
 from rlhf_trainer.curves import plot_reward_curve, read_step_log
 from rlhf_trainer.data import DataPosition, PromptItem, PromptIterator, load_prompts
 from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
@@ -165,7 +166,7 @@ class Trainer:
     """
 
     policy: WorkerGroup
-    fleet: RolloutFleet
+    fleet: RolloutFleet | ColocatedRollout
 
     def __init__(
         self,
@@ -246,6 +247,12 @@ class Trainer:
                 kill_job_actors(self.log)  # whatever an earlier attempt left is not trusted
             self.log("starting actors")
             self._start_groups()
+        if rollout.colocated:  # the engines are inside the policy ranks
+            for group in self.groups:
+                group.wait_ready()
+            self.fleet = ColocatedRollout(self.policy, on_change=self._report_engines)
+            self._ready(started)
+            return
         self.fleet = RolloutFleet(
             self.policy,
             self.launcher.start,
@@ -266,6 +273,9 @@ class Trainer:
             self.fleet.wait_ready(SETUP_TIMEOUT_S, grace_s=ADOPTED_ENGINE_GRACE_S)
         else:
             self.fleet.wait_ready(SETUP_TIMEOUT_S)
+        self._ready(started)
+
+    def _ready(self, started: float) -> None:
         self.startup_seconds = time.perf_counter() - started
         self.metrics.record_startup(self.startup_seconds)
         how = (
@@ -311,6 +321,13 @@ class Trainer:
                 self.log(f"the previous attempt's {role} ranks are missing or do not answer")
                 return None
             groups[role] = group
+        self.policy = groups["trainer"]
+        self.reference = groups.get("reference")
+        self.critic = groups.get("critic")
+        if roles.rollout.colocated:  # the engines came with the policy ranks
+            self.adopted = sum(len(g.actors) for g in groups.values())
+            self.log(f"adopting {self.adopted} actors from the previous attempt")
+            return {}
         candidates = {}
         for name in names:
             engine_id = engine_id_from_name(name)
@@ -341,9 +358,6 @@ class Trainer:
                 self._answered_engines += ref in ready
             else:
                 ray.kill(candidates[engine_id], no_restart=True)
-        self.policy = groups["trainer"]
-        self.reference = groups.get("reference")
-        self.critic = groups.get("critic")
         self.adopted = sum(len(g.actors) for g in groups.values()) + len(engines)
         self.log(f"adopting {self.adopted} actors from the previous attempt")
         return engines
@@ -355,7 +369,7 @@ class Trainer:
 
     def shutdown(self) -> None:
         """Kill this run's actors (a driver leaving on its own: the next attempt starts cold)."""
-        fleet: RolloutFleet | None = getattr(self, "fleet", None)
+        fleet: RolloutFleet | ColocatedRollout | None = getattr(self, "fleet", None)
         if fleet is not None:
             fleet.shutdown()
         for group in self.groups:
@@ -495,6 +509,7 @@ class Trainer:
             top_p=algorithm.top_p,
             max_tokens=algorithm.max_response_length,
             seed=step_seed(algorithm.seed, step),
+            logprobs=False,  # the ranks compute the behaviour log-probs (`_score`)
         )
         with self.phase(m.PHASE_GENERATE):
             started = time.perf_counter()

@@ -282,12 +282,12 @@ def zero3_parameter_metadata(module: nn.Module) -> list[tuple[str, tuple[int, ..
     ]
 
 
-def iter_zero3_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield full parameters one submodule (layer piece) at a time, gathering under ZeRO-3.
+def iter_module_parameters(module: nn.Module) -> Iterator[tuple[NamedTensors, bool]]:
+    """Each submodule's full parameters as ``(tensors, transient)``, gathering under ZeRO-3.
 
     The gather is a collective over the trainer's default group: **every trainer rank** must
-    run this iterator to the end, in step, even though only rank 0 sends. A yielded tensor is
-    valid until the iterator advances. Without ZeRO-3 (no ``ds_id``) nothing is gathered.
+    run this iterator to the end, in step. ``transient`` tensors (gathered ZeRO-3 partitions)
+    are freed once the iterator advances; without ZeRO-3 (no ``ds_id``) they stay valid.
     """
     for _, params in _unique_parameters_by_module(module):
         partitioned = [param for _, param in params if hasattr(param, "ds_id")]
@@ -298,8 +298,14 @@ def iter_zero3_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor
         else:
             gather = contextlib.nullcontext()
         with gather, torch.no_grad():
-            for name, param in params:
-                yield name, param.data
+            yield [(name, param.data) for name, param in params], bool(partitioned)
+
+
+def iter_zero3_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield full parameters one at a time (see `iter_module_parameters`); a yielded tensor is
+    valid until the iterator advances."""
+    for tensors, _ in iter_module_parameters(module):
+        yield from tensors
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,10 +20,28 @@ CPU notes (the same code runs on GPUs):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
 from rlhfjob.api import AlgorithmSpec
+
+ONE_GPU_STAGE = 2
+"""ZeRO stage of a one-GPU trainer: partitioning buys nothing there and ZeRO-3's gathers cost
+about 1.7x its update time (`benchmarks/results/gpu-colocated.json`, `update`)."""
+
+
+def zero_stage(world_size: int, on_gpu: bool) -> int:
+    """ZeRO-3 wherever partitioning pays (several ranks; every CPU run, which tests the
+    partitioned path), a lighter stage on one GPU. `RLHF_ZERO_STAGE` overrides it (benchmarks).
+
+    The job's spec and the checkpoint layout (one DeepSpeed checkpoint per role) do not
+    depend on the stage, and a job's world size, hence its stage, never changes.
+    """
+    override = os.environ.get("RLHF_ZERO_STAGE")
+    if override:
+        return int(override)
+    return ONE_GPU_STAGE if on_gpu and world_size == 1 else 3
 
 
 def deepspeed_config(
@@ -33,10 +51,12 @@ def deepspeed_config(
     bf16: bool,
     on_gpu: bool,
     train: bool = True,
+    stage: int = 3,
 ) -> dict[str, Any]:
-    """The DeepSpeed config of a ZeRO-3 engine (train=False for the frozen reference)."""
-    zero: dict[str, Any] = {"stage": 3}
-    if not on_gpu:
+    """The DeepSpeed config of a ZeRO engine (train=False for the frozen reference)."""
+    # An optimizer-less engine (the reference) has nothing to partition below ZeRO-3.
+    zero: dict[str, Any] = {"stage": stage if train or stage == 3 else 0}
+    if not on_gpu and zero["stage"] == 3:
         zero["stage3_param_persistence_threshold"] = 0
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": algorithm.micro_batch_size,
