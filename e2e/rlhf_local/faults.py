@@ -24,7 +24,7 @@ from rlhf_local.jobs import Jobs
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.paths import REPO_ROOT
 from rlhf_local.testing import wait_for
-from rlhfjob.invalid_cases import merge_patch
+from rlhfjob.patches import merge_patch
 
 EXAMPLE = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"
 STEP_LOG = "metrics.jsonl"

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from rlhf_local import pools
 from rlhf_local.testing import LocalCluster, events_for, wait_for
 from rlhfjob import api, contract
-from rlhfjob.invalid_cases import merge_patch, valid_job
+from rlhfjob.invalid_cases import valid_job
+from rlhfjob.patches import merge_patch
 
 if TYPE_CHECKING:
     from rlhf_local.operator_process import OperatorProcess

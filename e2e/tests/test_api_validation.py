@@ -15,7 +15,8 @@ from kubernetes.client.exceptions import ApiException
 
 from rlhf_local.testing import LocalCluster
 from rlhfjob import api
-from rlhfjob.invalid_cases import INVALID_CASES, merge_patch, valid_job
+from rlhfjob.invalid_cases import INVALID_CASES, valid_job
+from rlhfjob.patches import merge_patch
 
 pytestmark = pytest.mark.e2e
 

@@ -9,59 +9,37 @@ the role so the trainer can pin its actors there.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from typing import Any
 
 import yaml
 
+from rlhf_operator.names import (
+    DASHBOARD_PORT,
+    LABEL_ROLE,
+    config_map_name,
+    heartbeat_lease_name,
+    heartbeat_role_name,
+    job_labels,
+    ray_cluster_name,
+    trainer_service_account,
+)
 from rlhfjob import api
 from rlhfjob.api import ElasticRoleSpec, RLHFJob, RoleSpec, Toleration
 from rlhfjob.contract import PodEnv
+from rlhfjob.contract.kuberay import RAY_API_VERSION, RAY_CLUSTER_KIND
 
-MAX_RAY_CLUSTER_NAME = 53  # KubeRay derives Service and pod names from it; 63 - suffixes
 JOB_CONFIG_DIR = "/etc/rlhfjob"
 JOB_CONFIG_FILE = "job.yaml"
 SHM_PATH = "/dev/shm"
-MANAGED_BY = "rlhfjob-operator"
 GPU_RESOURCE = "nvidia.com/gpu"
-
-LABEL_JOB = f"{api.GROUP}/job"
-LABEL_ROLE = f"{api.GROUP}/role"
-STANDARD_LABELS = {"app.kubernetes.io/name": "rlhfjob", "app.kubernetes.io/managed-by": MANAGED_BY}
 
 RAY_PORTS = [
     {"name": "gcs-server", "containerPort": 6379},
-    {"name": "dashboard", "containerPort": 8265},
+    {"name": "dashboard", "containerPort": DASHBOARD_PORT},
     {"name": "client", "containerPort": 10001},
     {"name": "metrics", "containerPort": 8080},
 ]
-DASHBOARD_PORT = 8265
-
-
-def _short_name(base: str, limit: int) -> str:
-    """`base` if it fits, else a truncated prefix plus a stable hash (names must stay unique)."""
-    if len(base) <= limit:
-        return base
-    digest = hashlib.sha256(base.encode()).hexdigest()[:8]
-    return f"{base[: limit - 9].rstrip('-')}-{digest}"
-
-
-def ray_cluster_name(job: RLHFJob) -> str:
-    return _short_name(job.metadata.name, MAX_RAY_CLUSTER_NAME)
-
-
-def config_map_name(job: RLHFJob) -> str:
-    return _short_name(f"{job.metadata.name}-config", 63)
-
-
-def trainer_service_account(job: RLHFJob) -> str:
-    """The ServiceAccount the Ray pods run as (it may renew this job's Lease, nothing else)."""
-    return job.spec.service_account_name or _short_name(f"{job.metadata.name}-trainer", 63)
-
-
-def job_labels(job: RLHFJob) -> dict[str, str]:
-    return {**STANDARD_LABELS, LABEL_JOB: job.metadata.name}
 
 
 def owner_reference(job: RLHFJob) -> dict[str, Any]:
@@ -211,8 +189,8 @@ def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
     """The `ray.io/v1` RayCluster for a job: a CPU head plus one worker group per enabled role."""
     head = job.spec.head
     return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayCluster",
+        "apiVersion": RAY_API_VERSION,
+        "kind": RAY_CLUSTER_KIND,
         "metadata": _metadata(job, ray_cluster_name(job)),
         "spec": {
             "rayVersion": job.spec.ray_version,
@@ -239,20 +217,9 @@ def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
     }
 
 
-def dashboard_url(job: RLHFJob) -> str:
-    """The head Service's dashboard inside the cluster (KubeRay names it `<cluster>-head-svc`)."""
-    service = f"{ray_cluster_name(job)}-head-svc"
-    return f"http://{service}.{job.metadata.namespace}.svc:{DASHBOARD_PORT}"
-
-
 def to_yaml(*manifests: dict[str, Any]) -> str:
     """Manifests as one multi-document YAML string, key order preserved (it is deterministic)."""
     return "---\n".join(yaml.safe_dump(m, sort_keys=False, width=100) for m in manifests)
-
-
-def heartbeat_lease_name(job: RLHFJob) -> str:
-    """The trainer's heartbeat Lease is named after the job (design decision 4)."""
-    return job.metadata.name
 
 
 def build_heartbeat_lease(job: RLHFJob) -> dict[str, Any]:
@@ -268,7 +235,7 @@ def build_heartbeat_lease(job: RLHFJob) -> dict[str, Any]:
 def build_trainer_rbac(job: RLHFJob) -> list[dict[str, Any]]:
     """The Ray pods' identity: it may read and renew this job's Lease, and nothing else."""
     name = trainer_service_account(job)
-    role_name = _short_name(f"{job.metadata.name}-heartbeat", 63)
+    role_name = heartbeat_role_name(job)
     objects: list[dict[str, Any]] = []
     if job.spec.service_account_name is None:
         objects.append(

@@ -17,10 +17,10 @@ from typing import Any, cast
 import aiohttp
 import kopf
 
-from rlhf_operator.builder import LABEL_JOB
 from rlhf_operator.kube import Kube, load_kube_config
+from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
-from rlhf_operator.policy import Event
+from rlhf_operator.names import LABEL_JOB
 from rlhf_operator.rayjobs import RayJobClient
 from rlhf_operator.reconciler import Reconciler
 from rlhfjob import api

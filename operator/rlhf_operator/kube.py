@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 
 from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
+from rlhf_operator.names import FIELD_MANAGER
 from rlhfjob import api
+from rlhfjob.contract import kuberay as ray
 
-FIELD_MANAGER = "rlhfjob-operator"
 T = TypeVar("T")
 
 
@@ -32,11 +32,9 @@ def load_kube_config() -> client.ApiClient:
     return client.ApiClient()
 
 
-def parse_time(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
-
-
 class Kube:
+    """`ports.KubePort` over the Kubernetes client, each call on a worker thread."""
+
     def __init__(self, api_client: client.ApiClient) -> None:
         self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
@@ -84,7 +82,7 @@ class Kube:
         try:
             return await self._run(
                 self.custom.get_namespaced_custom_object,
-                "ray.io", "v1", namespace, "rayclusters", name,
+                ray.RAY_GROUP, ray.RAY_VERSION, namespace, ray.RAY_CLUSTERS, name,
             )  # fmt: skip
         except ApiException as error:
             if error.status == 404:
@@ -94,7 +92,7 @@ class Kube:
     async def delete_ray_cluster(self, namespace: str, name: str) -> None:
         await self._ignore_missing(
             self.custom.delete_namespaced_custom_object,
-            "ray.io", "v1", namespace, "rayclusters", name,
+            ray.RAY_GROUP, ray.RAY_VERSION, namespace, ray.RAY_CLUSTERS, name,
             propagation_policy="Foreground",
         )  # fmt: skip
 
@@ -124,7 +122,9 @@ class Kube:
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         """The Ray pods of one RayCluster (head and workers)."""
         pods = await self._run(
-            self.core.list_namespaced_pod, namespace, label_selector=f"ray.io/cluster={cluster}"
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=f"{ray.LABEL_CLUSTER}={cluster}",
         )
         return list(pods.items)
 

@@ -7,23 +7,21 @@ which the reconciler turns into a condition and a retry, never a failure of the 
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 
-from rlhf_operator.policy import RayJobView
+from rlhf_operator.ports import DashboardUnavailableError
+from rlhf_operator.views import RayJobView, ray_job_view
+
+__all__ = ["DashboardUnavailableError", "RayJobClient"]
 
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=10)
-_EXIT_CODE = re.compile(r"exit code (-?\d+)")
-
-
-class DashboardUnavailableError(Exception):
-    """The dashboard could not be reached or answered with a server error."""
 
 
 class RayJobClient:
+    """`ports.RayJobsPort` over aiohttp."""
+
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self._session = session
 
@@ -52,20 +50,9 @@ class RayJobClient:
         code, body = await self._request("GET", f"{dashboard}/api/jobs/{submission_id}")
         if code == 404:
             return None
-        if code != 200 or not isinstance(body, dict):
+        if code != 200 or not isinstance(body, dict) or "status" not in body:
             raise DashboardUnavailableError(f"unexpected answer for job {submission_id}: {code}")
-        message = body.get("message") or ""
-        exit_code = body.get("driver_exit_code")
-        if exit_code is None and (match := _EXIT_CODE.search(message)):
-            exit_code = int(match.group(1))
-        end_ms = body.get("end_time")
-        return RayJobView(
-            submission_id=submission_id,
-            status=body["status"],
-            message=message[:2000],
-            exit_code=exit_code,
-            ended=datetime.fromtimestamp(end_ms / 1000, UTC) if end_ms else None,
-        )
+        return ray_job_view(submission_id, body)
 
     async def submit(
         self,

@@ -1,8 +1,10 @@
 """Observe → decide → act for one RLHFJob (design decision 2).
 
 `Reconciler.reconcile` reads the world (the job, its RayCluster, the current Ray job, the
-heartbeat Lease), asks the pure policy what to do, does it, and writes the status. It is safe to
-call at any time and any number of times: kopf's handlers and timer only ever "kick" it.
+heartbeat Lease) through its two ports, asks the pure lifecycle policy what to do, does it, and
+writes the status. It is safe to call at any time and any number of times: kopf's handlers and
+timer only ever "kick" it. When an action fails in a way the policy knows about (a submission
+that Ray refused), that is observed and decided again; the reconciler never edits a plan.
 """
 
 from __future__ import annotations
@@ -11,34 +13,36 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-from rlhf_operator import builder
-from rlhf_operator.kube import Kube, parse_time
-from rlhf_operator.metrics import OperatorMetrics
-from rlhf_operator.policy import (
+from rlhf_operator import builder, names
+from rlhf_operator.lifecycle import (
     CLUSTER_READY,
-    DASHBOARD_REACHABLE,
     ApplyCluster,
-    ClusterView,
     DeleteCluster,
     DeleteJob,
     Event,
-    HeartbeatView,
-    Observed,
     Plan,
-    RoleView,
     StopRayJob,
     SubmitRayJob,
     decide,
-    submission_id,
 )
-from rlhf_operator.rayjobs import RayJobClient
+from rlhf_operator.metrics import OperatorMetrics
+from rlhf_operator.ports import DashboardUnavailableError, KubePort, RayJobsPort
+from rlhf_operator.views import (
+    Observed,
+    cluster_view,
+    error_text,
+    heartbeat_from_lease,
+    parse_time,
+    scheduling_problem,
+)
 from rlhfjob import contract
-from rlhfjob.api import Condition, Phase, RestartRecord, RLHFJob, RLHFJobStatus
+from rlhfjob.api import Phase, RestartRecord, RLHFJob, RLHFJobStatus
 from rlhfjob.config import InvalidJobError, parse_job
-from rlhfjob.contract import LeaseReport, PodEnv
+from rlhfjob.contract import FailureReason, PodEnv
 
 log = logging.getLogger("rlhf_operator")
 
@@ -50,71 +54,11 @@ EVENT_MESSAGE_LIMIT = 1024
 """The API server rejects longer Event messages."""
 
 
-def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
-    """Read the trainer's Lease; unreadable annotations count as missing, never as a crash."""
-    if lease is None or lease.spec is None or lease.spec.renew_time is None:
-        return None
-    renewed = lease.spec.renew_time
-    if renewed.tzinfo is None:
-        renewed = renewed.replace(tzinfo=UTC)
-    report = LeaseReport.from_annotations(lease.metadata.annotations or {})
-    return HeartbeatView(renewed=renewed, **vars(report))
-
-
-def _pod_ready(pod: Any) -> bool:
-    if pod.metadata.deletion_timestamp is not None or pod.status is None:
-        return False
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
-def role_views(cluster: dict[str, Any], pods: list[Any]) -> dict[str, RoleView]:
-    """Ready worker pods per group against the group's replicas (one group per role)."""
-    ready: dict[str, int] = {}
-    for pod in pods:
-        labels = pod.metadata.labels or {}
-        if labels.get("ray.io/node-type") == "worker" and _pod_ready(pod):
-            group = labels.get("ray.io/group", "")
-            ready[group] = ready.get(group, 0) + 1
-    return {
-        group["groupName"]: RoleView(ready.get(group["groupName"], 0), group.get("replicas", 0))
-        for group in cluster.get("spec", {}).get("workerGroupSpecs") or []
-    }
-
-
-def scheduling_problem(pods: list[Any]) -> str | None:
-    """The scheduler's message for a pod of the cluster it could not place, if any."""
-    for pod in pods:
-        for condition in (pod.status.conditions if pod.status else None) or []:
-            if condition.type == "PodScheduled" and condition.status == "False":
-                return f"pod {pod.metadata.name}: {condition.message or condition.reason}"
-    return None
-
-
-def head_created(pods: list[Any]) -> datetime | None:
-    """Creation time of the newest head pod that is not being deleted."""
-    times = [
-        pod.metadata.creation_timestamp
-        for pod in pods
-        if (pod.metadata.labels or {}).get("ray.io/node-type") == "head"
-        and pod.metadata.deletion_timestamp is None
-        and pod.metadata.creation_timestamp is not None
-    ]
-    return max(times) if times else None
-
-
-def head_not_ready_since(cluster: dict[str, Any]) -> datetime | None:
-    """From KubeRay's HeadPodReady condition: since when the head is not Ready (None: it is)."""
-    for condition in (cluster.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "HeadPodReady" and condition.get("status") == "False":
-            return parse_time(condition.get("lastTransitionTime")) or datetime.now(UTC)
-    return None
-
-
 class Reconciler:
     def __init__(
         self,
-        kube: Kube,
-        ray_jobs: RayJobClient,
+        kube: KubePort,
+        ray_jobs: RayJobsPort,
         metrics: OperatorMetrics,
         emit: EventSink,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -160,7 +104,11 @@ class Reconciler:
             return None
         seen = await self.observe(job, body)
         plan = decide(seen)
-        await self.act(job, body, seen, plan)
+        submit_error = await self.act(job, body, seen, plan)
+        if submit_error is not None:  # not submitted after all: news for the policy
+            seen = replace(seen, submit_error=submit_error)
+            plan = decide(seen)
+            await self.act(job, body, seen, plan)
         await self._write_status(job, body, plan.status)
         self._record_metrics(job, seen, plan)
         return plan.requeue_after
@@ -170,24 +118,24 @@ class Reconciler:
         now = self.clock()
         created = parse_time(body["metadata"].get("creationTimestamp")) or now
         status = job.status or RLHFJobStatus()
-        cluster_body = await self.kube.get_ray_cluster(namespace, builder.ray_cluster_name(job))
+        cluster_body = await self.kube.get_ray_cluster(namespace, names.ray_cluster_name(job))
         pods = []
         if cluster_body is not None:
             pods = await self.kube.cluster_pods(namespace, cluster_body["metadata"]["name"])
-        cluster = self._cluster_view(job, cluster_body, pods)
+        cluster = cluster_view(job, cluster_body, pods, now)
         ray_job = previous_ray_job = dashboard_error = problem = None
-        attempt = submission_id(job, status.restart_count)
+        attempt = names.submission_id(job, status.restart_count)
         if cluster and cluster.ready and not cluster.deleting and cluster.dashboard:
             try:
                 ray_job = await self.ray_jobs.status(cluster.dashboard, attempt)
                 if ray_job is None and status.restart_count > 0:
-                    previous = submission_id(job, status.restart_count - 1)
+                    previous = names.submission_id(job, status.restart_count - 1)
                     previous_ray_job = await self.ray_jobs.status(cluster.dashboard, previous)
-            except Exception as error:  # any failure to talk to Ray is "unreachable"
-                dashboard_error = str(error) or type(error).__name__
+            except DashboardUnavailableError as error:
+                dashboard_error = error_text(error)
         elif cluster and not cluster.ready:
             problem = scheduling_problem(pods)
-        lease = await self.kube.get_lease(namespace, builder.heartbeat_lease_name(job))
+        lease = await self.kube.get_lease(namespace, names.heartbeat_lease_name(job))
         return Observed(
             job=job,
             now=now,
@@ -200,26 +148,10 @@ class Reconciler:
             scheduling_problem=problem,
         )
 
-    @staticmethod
-    def _cluster_view(
-        job: RLHFJob, body: dict[str, Any] | None, pods: list[Any]
-    ) -> ClusterView | None:
-        if body is None:
-            return None
-        metadata = body["metadata"]
-        annotations = metadata.get("annotations") or {}
-        return ClusterView(
-            name=metadata["name"],
-            created=parse_time(metadata.get("creationTimestamp")) or datetime.now(UTC),
-            ready=(body.get("status") or {}).get("state") == "ready",
-            deleting=bool(metadata.get("deletionTimestamp")),
-            dashboard=annotations.get(contract.DASHBOARD_ANNOTATION) or builder.dashboard_url(job),
-            head_not_ready_since=head_not_ready_since(body),
-            head_created=head_created(pods),
-            roles=role_views(body, pods),
-        )
-
-    async def act(self, job: RLHFJob, body: dict[str, Any], seen: Observed, plan: Plan) -> None:
+    async def act(
+        self, job: RLHFJob, body: dict[str, Any], seen: Observed, plan: Plan
+    ) -> str | None:
+        """Carry out the plan, then its Events; a failed submission stops it and is returned."""
         namespace, name = job.metadata.namespace, job.metadata.name
         dashboard = seen.cluster.dashboard if seen.cluster else None
         for action in plan.actions:
@@ -230,14 +162,15 @@ class Reconciler:
                     await self.kube.create_if_missing(builder.build_heartbeat_lease(job))
                 case DeleteCluster(reason=reason):
                     log.info("%s/%s: deleting RayCluster (%s)", namespace, name, reason)
-                    await self.kube.delete_ray_cluster(namespace, builder.ray_cluster_name(job))
+                    await self.kube.delete_ray_cluster(namespace, names.ray_cluster_name(job))
                 case SubmitRayJob():
                     assert dashboard is not None
-                    await self._submit(job, dashboard, action, plan)
+                    if (error := await self._submit(job, dashboard, action)) is not None:
+                        return error
                 case StopRayJob(submission_id=stopped) if dashboard:
                     try:
                         await self.ray_jobs.stop(dashboard, stopped)
-                    except Exception as error:
+                    except DashboardUnavailableError as error:
                         log.warning("%s/%s: could not stop %s: %s", namespace, name, stopped, error)
                 case DeleteJob():
                     log.info("%s/%s: ttlSecondsAfterFinished passed, deleting", namespace, name)
@@ -248,8 +181,10 @@ class Reconciler:
                     event.type, event.reason, event.message[: EVENT_MESSAGE_LIMIT - 3] + "..."
                 )
             self.emit(body, event)
+        return None
 
-    async def _submit(self, job: RLHFJob, dashboard: str, action: SubmitRayJob, plan: Plan) -> None:
+    async def _submit(self, job: RLHFJob, dashboard: str, action: SubmitRayJob) -> str | None:
+        """Submit the Ray job; the error when Ray did not take it."""
         attempt = str(job.status.restart_count if job.status else 0)
         env = PodEnv(
             job_name=job.metadata.name, job_namespace=job.metadata.namespace, attempt=int(attempt)
@@ -264,16 +199,12 @@ class Reconciler:
                 env=env,
                 metadata=metadata,
             )
-        except Exception as error:
-            # Not submitted: keep the previous phase and say why; the next reconcile retries.
+        except DashboardUnavailableError as error:
             self.metrics.submission_failures.inc()
-            previous = job.status or RLHFJobStatus()
-            plan.status.phase = previous.phase
-            plan.status.submission_id = previous.submission_id
-            plan.status.message = f"could not submit the trainer: {error}"
-            plan.events[:] = [e for e in plan.events if e.reason != "Submitted"]
-            _set_condition(plan.status, DASHBOARD_REACHABLE, "False", "SubmitFailed", str(error))
-            plan.requeue_after = 5.0
+            log.warning("%s/%s: could not submit %s: %s", job.metadata.namespace,
+                        job.metadata.name, action.submission_id, error)  # fmt: skip
+            return error_text(error)
+        return None
 
     async def _write_status(
         self, job: RLHFJob, body: dict[str, Any], status: RLHFJobStatus
@@ -300,7 +231,7 @@ class Reconciler:
             metadata["name"],
             {"phase": Phase.FAILED.value, "message": message[:32768]},
         )
-        self.emit(body, Event("Warning", "InvalidSpec", message[:1024]))
+        self.emit(body, Event("Warning", FailureReason.INVALID_SPEC, message[:EVENT_MESSAGE_LIMIT]))
 
     def _record_metrics(self, job: RLHFJob, seen: Observed, plan: Plan) -> None:
         before = job.status or RLHFJobStatus()
@@ -343,21 +274,3 @@ def _newly_resumed(before: RLHFJobStatus, after: RLHFJobStatus) -> RestartRecord
 
 def _condition_true(status: RLHFJobStatus, type_: str) -> bool:
     return any(c.type == type_ and c.status == "True" for c in status.conditions)
-
-
-def _set_condition(
-    status: RLHFJobStatus,
-    type_: str,
-    value: Literal["True", "False", "Unknown"],
-    reason: str,
-    message: str,
-) -> None:
-    others = [c for c in status.conditions if c.type != type_]
-    updated = Condition(
-        type=type_,
-        status=value,
-        reason=reason,
-        message=message[:32768],
-        last_transition_time=datetime.now(UTC),
-    )
-    status.conditions = sorted([*others, updated], key=lambda c: c.type)

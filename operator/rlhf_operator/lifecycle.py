@@ -1,9 +1,11 @@
 """The lifecycle policy: what was observed in, the next phase and actions out (decision 2).
 
 A pure function, so every transition is a row in a table-driven test. The reconciler gathers an
-`Observed` snapshot, calls `decide`, and carries out the `Plan`: server-side applies, Ray job
-submissions, status patches and Events. Running it twice on the same world plans the same thing;
-that, with idempotent actions, is what makes reconciliation level-triggered.
+`Observed` snapshot (`views`), calls `decide`, and carries out the `Plan`: server-side applies,
+Ray job submissions, status patches and Events. What happens while carrying it out (a submission
+that fails) is observed and decided again, never patched into a plan. Running it twice on the
+same world plans the same thing; that, with idempotent actions, is what makes reconciliation
+level-triggered.
 
 The phases, in order of a healthy job: Pending → Provisioning → Running → Succeeded. Failures of
 the trainer lead to Recovering (the recovery ladder of decision 5) and, when retrying cannot help
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from rlhf_operator.names import submission_id
+from rlhf_operator.views import ClusterView, HeartbeatView, Observed, RayJobView
 from rlhfjob.api import (
     MAX_RESTART_HISTORY,
     CheckpointRef,
@@ -27,79 +31,7 @@ from rlhfjob.api import (
     RLHFJob,
     RLHFJobStatus,
 )
-from rlhfjob.contract import ExitCode, FailureReason, FinalStatus, LeaseReport, RestartReason
-
-# ---------------------------------------------------------------------------------------------
-# What the reconciler saw
-
-
-@dataclass(frozen=True)
-class RoleView:
-    """One worker group's pods: how many are Ready against how many the group asks for."""
-
-    ready: int
-    desired: int
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    """The job's RayCluster as KubeRay reports it, and its pods."""
-
-    name: str
-    created: datetime
-    ready: bool
-    """KubeRay's `status.state == ready`: all pods were running and ready once (it stays so)."""
-    deleting: bool = False
-    dashboard: str | None = None
-    """Where the operator reaches the Ray dashboard (head Service, or the local stand-in)."""
-    head_not_ready_since: datetime | None = None
-    """Set while KubeRay's HeadPodReady condition is False: since when."""
-    head_created: datetime | None = None
-    """When the current head pod was created: a head newer than the running trainer replaced
-    the one it ran on."""
-    roles: dict[str, RoleView] = field(default_factory=dict)
-    """Worker groups (one per role) by name."""
-
-
-@dataclass(frozen=True)
-class RayJobView:
-    """The current attempt's Ray job, from the Job Submission API."""
-
-    submission_id: str
-    status: Literal["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"]
-    message: str = ""
-    exit_code: int | None = None
-    ended: datetime | None = None
-    """When the driver exited (Ray's `end_time`), for detection latency."""
-
-    @property
-    def active(self) -> bool:
-        return self.status in ("PENDING", "RUNNING")
-
-
-@dataclass(frozen=True, kw_only=True)
-class HeartbeatView(LeaseReport):
-    """The trainer's Lease: what it reported (`LeaseReport`) and when it last renewed."""
-
-    renewed: datetime
-
-
-@dataclass(frozen=True)
-class Observed:
-    job: RLHFJob
-    now: datetime
-    created: datetime
-    cluster: ClusterView | None = None
-    ray_job: RayJobView | None = None
-    """None: Ray does not know this attempt's job (the dashboard answered 404)."""
-    previous_ray_job: RayJobView | None = None
-    """The previous attempt's job while recovering: it must be gone before the next starts."""
-    dashboard_error: str | None = None
-    """Set when the dashboard did not answer; `ray_job` is then unknown, not absent."""
-    heartbeat: HeartbeatView | None = None
-    scheduling_problem: str | None = None
-    """The scheduler's latest FailedScheduling message for the cluster's pods."""
-
+from rlhfjob.contract import ExitCode, FailureReason, FinalStatus, RestartReason
 
 # ---------------------------------------------------------------------------------------------
 # What to do
@@ -160,11 +92,7 @@ COMPLETE = "Complete"
 FAILED = "Failed"
 DEGRADED = "Degraded"
 
-
-def submission_id(job: RLHFJob, attempt: int) -> str:
-    """Stable per (job, attempt): a retried reconcile resubmits the same id, never a duplicate."""
-    uid = (job.metadata.uid or "local")[:8]
-    return f"{job.metadata.name}-{uid}-{attempt}"
+SUBMIT_RETRY_SECONDS = 5.0
 
 
 def backoff_seconds(job: RLHFJob, restarts: int) -> float:
@@ -604,6 +532,12 @@ class _Planner:
             # The ZeRO-3 group needs all its ranks; submitting now would only queue actors.
             self.status.message = f"waiting for Ray pods before starting the trainer: {missing}"
             self.requeue(2)
+            return
+        if self.seen.submit_error is not None:
+            # Ray refused it or did not answer: nothing was submitted. Say why, retry soon.
+            self.status.message = f"could not submit the trainer: {self.seen.submit_error}"
+            self.condition(DASHBOARD_REACHABLE, False, "SubmitFailed", self.seen.submit_error)
+            self.requeue(SUBMIT_RETRY_SECONDS)
             return
         # The trainer's disk is the truth: any restart asks for the newest complete checkpoint,
         # even one the Lease never reported ("latest" starts from step 0 when there is none).

@@ -8,25 +8,22 @@ from typing import Any
 
 import pytest
 
-from rlhf_operator.policy import (
+from rlhf_operator.lifecycle import (
     ApplyCluster,
-    ClusterView,
     DeleteCluster,
     DeleteJob,
-    HeartbeatView,
-    Observed,
-    RayJobView,
-    RoleView,
     StopRayJob,
     SubmitRayJob,
     backoff_seconds,
     decide,
-    submission_id,
     trainer_failure_summary,
 )
+from rlhf_operator.names import submission_id
+from rlhf_operator.views import ClusterView, HeartbeatView, Observed, RayJobView, RoleView
 from rlhfjob.api import Phase, RLHFJob
 from rlhfjob.config import parse_job
-from rlhfjob.invalid_cases import merge_patch, valid_job
+from rlhfjob.invalid_cases import valid_job
+from rlhfjob.patches import merge_patch
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,0 +1,70 @@
+"""Every name and label the operator gives the objects of a job, in one place.
+
+Kubernetes names are derived from the job's name (cut to fit, with a stable hash), so a retried
+reconcile or a restarted operator finds the objects it made; the Ray job's submission id is
+derived from the job and the attempt, so neither ever submits twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from rlhfjob import api
+from rlhfjob.api import RLHFJob
+
+MAX_RAY_CLUSTER_NAME = 53  # KubeRay derives Service and pod names from it; 63 - suffixes
+MANAGED_BY = "rlhfjob-operator"
+FIELD_MANAGER = MANAGED_BY
+"""Server-side apply's field manager."""
+DASHBOARD_PORT = 8265
+
+LABEL_JOB = f"{api.GROUP}/job"
+LABEL_ROLE = f"{api.GROUP}/role"
+STANDARD_LABELS = {"app.kubernetes.io/name": "rlhfjob", "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def short_name(base: str, limit: int) -> str:
+    """`base` if it fits, else a truncated prefix plus a stable hash (names must stay unique)."""
+    if len(base) <= limit:
+        return base
+    digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+    return f"{base[: limit - 9].rstrip('-')}-{digest}"
+
+
+def ray_cluster_name(job: RLHFJob) -> str:
+    return short_name(job.metadata.name, MAX_RAY_CLUSTER_NAME)
+
+
+def config_map_name(job: RLHFJob) -> str:
+    return short_name(f"{job.metadata.name}-config", 63)
+
+
+def trainer_service_account(job: RLHFJob) -> str:
+    """The ServiceAccount the Ray pods run as (it may renew this job's Lease, nothing else)."""
+    return job.spec.service_account_name or short_name(f"{job.metadata.name}-trainer", 63)
+
+
+def heartbeat_role_name(job: RLHFJob) -> str:
+    """The Role and RoleBinding that let the trainer renew its Lease."""
+    return short_name(f"{job.metadata.name}-heartbeat", 63)
+
+
+def heartbeat_lease_name(job: RLHFJob) -> str:
+    """The trainer's heartbeat Lease is named after the job (design decision 4)."""
+    return job.metadata.name
+
+
+def job_labels(job: RLHFJob) -> dict[str, str]:
+    return {**STANDARD_LABELS, LABEL_JOB: job.metadata.name}
+
+
+def dashboard_url(job: RLHFJob) -> str:
+    """The head Service's dashboard inside the cluster (KubeRay names it `<cluster>-head-svc`)."""
+    service = f"{ray_cluster_name(job)}-head-svc"
+    return f"http://{service}.{job.metadata.namespace}.svc:{DASHBOARD_PORT}"
+
+
+def submission_id(job: RLHFJob, attempt: int) -> str:
+    """Stable per (job, attempt): a retried reconcile resubmits the same id, never a duplicate."""
+    uid = (job.metadata.uid or "local")[:8]
+    return f"{job.metadata.name}-{uid}-{attempt}"

@@ -1,0 +1,70 @@
+"""The two clients the reconciler talks through, as small Protocols.
+
+`kube.Kube` and `rayjobs.RayJobClient` implement them for real; the unit tests drive the
+reconciler with in-memory fakes. Each port says which errors it raises on purpose: the
+reconciler handles exactly those, and anything else is a bug that shows as one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rlhf_operator.views import RayJobView
+
+
+class DashboardUnavailableError(Exception):
+    """The dashboard could not be reached, or answered with an error or nonsense.
+
+    The reconciler turns it into a condition and a retry, never a failure of the job.
+    """
+
+
+class KubePort(Protocol):
+    """The API-server calls of the operator (the Helm chart's RBAC grants exactly these).
+
+    Errors are the Kubernetes client's `ApiException`: the reconcile fails and the timer retries.
+    """
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
+
+    async def delete_job(self, namespace: str, name: str) -> None: ...
+
+    async def get_ray_cluster(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def delete_ray_cluster(self, namespace: str, name: str) -> None: ...
+
+    async def apply(self, manifest: dict[str, Any]) -> None: ...
+
+    async def create_if_missing(self, manifest: dict[str, Any]) -> None: ...
+
+    async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
+        """The pods (`V1Pod`) of one RayCluster."""
+        ...
+
+    async def get_lease(self, namespace: str, name: str) -> Any | None:
+        """The `V1Lease`, or None when there is none."""
+        ...
+
+
+class RayJobsPort(Protocol):
+    """Ray's Job Submission API on one dashboard; raises `DashboardUnavailableError`."""
+
+    async def status(self, dashboard: str, submission_id: str) -> RayJobView | None:
+        """None: Ray knows no job by that id."""
+        ...
+
+    async def submit(
+        self,
+        dashboard: str,
+        submission_id: str,
+        entrypoint: str,
+        *,
+        env: dict[str, str],
+        metadata: dict[str, str],
+    ) -> None:
+        """Idempotent by submission id."""
+        ...
+
+    async def stop(self, dashboard: str, submission_id: str) -> None: ...

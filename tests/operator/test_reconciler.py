@@ -1,0 +1,401 @@
+"""The reconciler through observe → decide → act, with in-memory fakes of its two ports.
+
+The fakes keep what the operator wrote (applied manifests, status patches, submissions) the way
+an API server and a Ray dashboard would, so each test reconciles a world, changes it the way
+KubeRay or Ray would, and reconciles again. Each port can be made to fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes.client import (
+    V1Lease,
+    V1LeaseSpec,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodCondition,
+    V1PodStatus,
+)
+from kubernetes.client.exceptions import ApiException
+
+from rlhf_operator import names
+from rlhf_operator.lifecycle import Event
+from rlhf_operator.metrics import OperatorMetrics
+from rlhf_operator.ports import DashboardUnavailableError
+from rlhf_operator.reconciler import Reconciler
+from rlhf_operator.views import RayJobView
+from rlhfjob import contract
+from rlhfjob.config import parse_job
+from rlhfjob.contract import LeaseReport
+from rlhfjob.contract import kuberay as ray
+from rlhfjob.invalid_cases import valid_job
+from rlhfjob.patches import merge_patch
+
+NAMESPACE, NAME = "ns", "job"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+DASHBOARD = "http://127.0.0.1:8265"
+FIRST_ATTEMPT = f"{NAME}-12345678-0"
+
+
+class FakeKube:
+    """An API server of one namespace: objects by kind and name, status patches merged."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.clusters: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, list[V1Pod]] = {}
+        self.leases: dict[str, V1Lease] = {}
+        self.applied: list[dict[str, Any]] = []
+        self.status_patches: list[dict[str, Any]] = []
+        self.deleted: list[str] = []
+        self.failing: dict[str, Exception] = {}
+        """Method name → what it raises."""
+
+    def _call(self, method: str) -> None:
+        if method in self.failing:
+            raise self.failing[method]
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("get_job")
+        job = self.jobs.get(name)
+        return merge_patch(job, {}) if job is not None else None
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._call("patch_job_status")
+        self.status_patches.append(status)
+        job = self.jobs[name]
+        job["status"] = merge_patch(job.get("status") or {}, status)
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        self._call("delete_job")
+        self.jobs.pop(name, None)
+        self.deleted.append(f"RLHFJob/{name}")
+
+    async def get_ray_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("get_ray_cluster")
+        return self.clusters.get(name)
+
+    async def delete_ray_cluster(self, namespace: str, name: str) -> None:
+        self._call("delete_ray_cluster")
+        self.clusters.pop(name, None)
+        self.deleted.append(f"RayCluster/{name}")
+
+    async def apply(self, manifest: dict[str, Any]) -> None:
+        self._call("apply")
+        self.applied.append(manifest)
+        if manifest["kind"] == ray.RAY_CLUSTER_KIND:
+            name = manifest["metadata"]["name"]
+            existing = self.clusters.get(name, {})
+            self.clusters[name] = {
+                **manifest,
+                "metadata": {**manifest["metadata"], "creationTimestamp": T0.isoformat()},
+                "status": existing.get("status", {}),
+            }
+
+    async def create_if_missing(self, manifest: dict[str, Any]) -> None:
+        self._call("create_if_missing")
+        if manifest["kind"] == "Lease":
+            name = manifest["metadata"]["name"]
+            self.leases.setdefault(name, V1Lease(metadata=V1ObjectMeta(name=name)))
+
+    async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
+        self._call("cluster_pods")
+        return list(self.pods.get(cluster, []))
+
+    async def get_lease(self, namespace: str, name: str) -> Any | None:
+        self._call("get_lease")
+        return self.leases.get(name)
+
+    # -- what KubeRay, the stand-in and the trainer would do ---------------------------------
+
+    def make_cluster_ready(self) -> None:
+        """KubeRay: every pod Ready; the stand-in: the dashboard published."""
+        cluster = self.clusters[NAME]
+        cluster["status"] = {"state": ray.STATE_READY}
+        cluster["metadata"]["annotations"] = {contract.DASHBOARD_ANNOTATION: DASHBOARD}
+        self.pods[NAME] = [
+            _pod(f"{group['groupName']}-{i}", ray.NODE_WORKER, group["groupName"])
+            for group in cluster["spec"]["workerGroupSpecs"]
+            for i in range(group["replicas"])
+        ] + [_pod("head", ray.NODE_HEAD, "headgroup")]
+
+    def beat(self, renewed: datetime, report: LeaseReport) -> None:
+        """The trainer renews its Lease."""
+        self.leases[NAME] = V1Lease(
+            metadata=V1ObjectMeta(name=NAME, annotations=report.to_annotations()),
+            spec=V1LeaseSpec(renew_time=renewed),
+        )
+
+
+def _pod(name: str, node_type: str, group: str) -> V1Pod:
+    labels = {ray.LABEL_CLUSTER: NAME, ray.LABEL_NODE_TYPE: node_type, ray.LABEL_GROUP: group}
+    return V1Pod(
+        metadata=V1ObjectMeta(name=name, labels=labels, creation_timestamp=T0),
+        status=V1PodStatus(conditions=[V1PodCondition(type="Ready", status="True")]),
+    )
+
+
+class FakeRayJobs:
+    """A Ray dashboard: jobs by submission id."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, RayJobView] = {}
+        self.submitted: list[dict[str, Any]] = []
+        self.stopped: list[str] = []
+        self.failing: dict[str, Exception] = {}
+
+    def _call(self, method: str) -> None:
+        if method in self.failing:
+            raise self.failing[method]
+
+    async def status(self, dashboard: str, submission_id: str) -> RayJobView | None:
+        self._call("status")
+        return self.jobs.get(submission_id)
+
+    async def submit(
+        self,
+        dashboard: str,
+        submission_id: str,
+        entrypoint: str,
+        *,
+        env: dict[str, str],
+        metadata: dict[str, str],
+    ) -> None:
+        self._call("submit")
+        self.submitted.append(
+            {"id": submission_id, "entrypoint": entrypoint, "env": env, "metadata": metadata}
+        )
+        self.jobs.setdefault(submission_id, RayJobView(submission_id, "PENDING"))
+
+    async def stop(self, dashboard: str, submission_id: str) -> None:
+        self._call("stop")
+        self.stopped.append(submission_id)
+
+
+class World:
+    """The reconciler wired to the fakes, with a clock the test moves."""
+
+    def __init__(self, **spec: Any) -> None:
+        self.kube = FakeKube()
+        self.ray = FakeRayJobs()
+        self.metrics = OperatorMetrics()
+        self.events: list[Event] = []
+        self.now = T0
+        self.reconciler = Reconciler(
+            self.kube,
+            self.ray,
+            self.metrics,
+            emit=lambda body, event: self.events.append(event),
+            clock=lambda: self.now,
+        )
+        document = merge_patch(valid_job(NAME), {"spec": spec})
+        document["metadata"].update(
+            namespace=NAMESPACE,
+            uid="12345678-abcd",
+            generation=1,
+            creationTimestamp=T0.isoformat(),
+        )
+        self.kube.jobs[NAME] = document
+
+    def reconcile(self, after: float = 0) -> float | None:
+        self.now = T0 + timedelta(seconds=after)
+        return asyncio.run(self.reconciler.reconcile(NAMESPACE, NAME))
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.kube.jobs[NAME].get("status") or {})
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return next(c for c in self.status["conditions"] if c["type"] == type_)
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+    def running(self) -> None:
+        """Provisioned, submitted and RUNNING in Ray."""
+        self.reconcile(0)
+        self.kube.make_cluster_ready()
+        self.reconcile(1)
+        self.ray.jobs[FIRST_ATTEMPT] = RayJobView(FIRST_ATTEMPT, "RUNNING")
+        self.reconcile(2)
+
+
+# -- the happy path ---------------------------------------------------------------------------
+
+
+def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:
+    world = World()
+    world.reconcile()
+    kinds = [m["kind"] for m in world.kube.applied]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayCluster"]
+    assert names.heartbeat_lease_name(parse_job(world.kube.jobs[NAME])) in world.kube.leases
+    assert world.status["phase"] == "Provisioning"
+    assert world.reasons() == ["Provisioning"]
+    assert world.sample("rlhf_operator_reconciles_total", result="ok") == 1
+
+
+def test_a_ready_cluster_gets_the_trainer_submitted_with_the_contracts_environment() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.reconcile(1)
+    assert world.ray.submitted == [
+        {
+            "id": FIRST_ATTEMPT,
+            "entrypoint": "rlhfjob train",
+            "env": contract.PodEnv(job_name=NAME, job_namespace=NAMESPACE, attempt=0).to_env(),
+            "metadata": {"rlhfjob": NAME, "attempt": "0"},
+        }
+    ]
+    assert world.status["phase"] == "Running"
+    assert world.status["submissionId"] == FIRST_ATTEMPT
+    assert world.reasons() == ["Provisioning", "Submitted"]
+    assert world.sample("rlhf_operator_ray_job_submissions_total") == 1
+
+
+def test_reconciling_an_unchanged_world_writes_nothing() -> None:
+    world = World()
+    world.running()
+    patches, applied = len(world.kube.status_patches), len(world.kube.applied)
+    world.reconcile(2)
+    assert len(world.kube.status_patches) == patches
+    assert len(world.kube.applied) == applied
+    assert len(world.ray.submitted) == 1
+
+
+def test_the_lease_report_reaches_the_status() -> None:
+    world = World()
+    world.running()
+    engines = contract.EngineCount(1, 1)
+    report = LeaseReport(step=7, step_changed=T0, attempt=0, checkpoint_step=5,
+                         checkpoint_path="/ckpt/5", rollout_engines=engines)  # fmt: skip
+    world.kube.beat(T0 + timedelta(seconds=3), report)
+    world.reconcile(4)
+    assert world.status["currentStep"] == 7
+    assert world.status["lastCheckpoint"]["step"] == 5
+    assert world.condition("Healthy")["status"] == "True"
+
+
+def test_a_failed_trainer_is_restarted_and_counted_by_reason() -> None:
+    world = World()
+    world.running()
+    world.ray.jobs[FIRST_ATTEMPT] = RayJobView(FIRST_ATTEMPT, "FAILED", "boom", exit_code=1)
+    world.reconcile(5)
+    assert world.status["phase"] == "Recovering"
+    assert world.status["restartHistory"][-1]["reason"] == "TrainerFailed"
+    assert world.sample("rlhf_operator_restarts_total", reason="TrainerFailed") == 1
+
+
+def test_cleared_status_fields_are_written_as_null() -> None:
+    world = World(suspend=False)
+    world.running()
+    world.kube.jobs[NAME]["spec"]["suspend"] = True
+    world.reconcile(3)
+    assert world.kube.status_patches[-1]["submissionId"] is None
+    assert "submissionId" not in world.status
+    assert world.ray.stopped == [FIRST_ATTEMPT]
+
+
+def test_an_invalid_job_fails_with_the_reason() -> None:
+    world = World()
+    world.kube.jobs[NAME]["spec"]["algorithm"]["totalSteps"] = -1
+    assert world.reconcile() is None
+    assert world.status["phase"] == "Failed"
+    assert "spec.algorithm.totalSteps" in world.status["message"]
+    assert world.reasons() == ["InvalidSpec"]
+    assert world.kube.applied == []
+
+
+def test_a_deleted_job_is_forgotten() -> None:
+    world = World()
+    world.reconcile()
+    del world.kube.jobs[NAME]
+    assert world.reconcile() is None
+    assert world.sample("rlhf_operator_jobs", phase="Provisioning") == 0
+
+
+# -- each port failing ------------------------------------------------------------------------
+
+
+def test_a_refused_submission_is_decided_by_the_policy_not_patched_into_the_plan() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["submit"] = DashboardUnavailableError("POST /api/jobs/: HTTP 500: busy")
+    due = world.reconcile(1)
+    assert world.status["phase"] == "Provisioning"  # not Running: nothing was submitted
+    assert "submissionId" not in world.status
+    assert world.status["message"] == (
+        "could not submit the trainer: POST /api/jobs/: HTTP 500: busy"
+    )
+    reachable = world.condition("DashboardReachable")
+    assert (reachable["status"], reachable["reason"]) == ("False", "SubmitFailed")
+    assert reachable["lastTransitionTime"] == "2026-01-01T00:00:01Z"  # the injected clock
+    assert "Submitted" not in world.reasons()
+    assert due is not None and due <= 5
+    assert world.sample("rlhf_operator_ray_job_submission_failures_total") == 1
+
+    del world.ray.failing["submit"]  # Ray takes it on the next reconcile
+    world.reconcile(7)
+    assert world.status["submissionId"] == FIRST_ATTEMPT
+    assert world.reasons()[-1] == "Submitted"
+    assert world.condition("DashboardReachable")["status"] == "True"
+
+
+def test_an_unreachable_dashboard_is_a_condition_not_an_error() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: timed out")
+    world.reconcile(1)
+    reachable = world.condition("DashboardReachable")
+    assert (reachable["status"], reachable["reason"]) == ("False", "Unreachable")
+    assert reachable["message"] == "GET /api/jobs/x: timed out"
+    assert world.ray.submitted == []
+    assert world.sample("rlhf_operator_reconciles_total", result="ok") == 2
+
+
+def test_a_failed_stop_does_not_keep_the_job_from_suspending() -> None:
+    world = World()
+    world.running()
+    world.ray.failing["stop"] = DashboardUnavailableError("POST stop: refused")
+    world.kube.jobs[NAME]["spec"]["suspend"] = True
+    world.reconcile(3)
+    assert world.status["phase"] == "Suspended"
+    assert "RayCluster/job" in world.kube.deleted
+
+
+def test_a_bug_behind_the_ray_port_shows_as_an_error_not_as_an_unreachable_dashboard() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["status"] = KeyError("status")
+    with pytest.raises(KeyError):
+        world.reconcile(1)
+    assert world.sample("rlhf_operator_reconciles_total", result="error") == 1
+    assert world.status["phase"] == "Provisioning"  # nothing was written on a guess
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["get_job", "get_ray_cluster", "cluster_pods", "get_lease", "apply", "patch_job_status"],
+)
+def test_an_api_server_error_fails_the_reconcile_for_the_timer_to_retry(method: str) -> None:
+    world = World()
+    if method != "apply":  # a new job is applied; a ready cluster is read, its pods and Lease
+        world.reconcile(0)
+        world.kube.make_cluster_ready()
+    world.kube.failing[method] = ApiException(status=500, reason="etcd is down")
+    with pytest.raises(ApiException):
+        world.reconcile(1)
+    assert world.sample("rlhf_operator_reconciles_total", result="error") == 1
+    del world.kube.failing[method]
+    world.reconcile(2)
+    assert world.status["phase"] == ("Provisioning" if method == "apply" else "Running")
