@@ -42,7 +42,7 @@ def run_example(example: str, scratch: Path) -> dict[str, Any]:
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     started = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "rlhfjob.cli", "train", "--config", str(job)],
+        [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(job)],
         capture_output=True,
         text=True,
         env=env,

@@ -14,19 +14,15 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-
-from rlhf_local import cluster
+from rlhf_local.harness import LocalCluster
 from rlhf_local.jobs import SLEEP_FOREVER, job_manifest
-from rlhf_local.operator_process import OperatorProcess, operator_kubeconfig
-from rlhf_local.testing import LocalCluster
+from rlhf_local.session import operator_session
 from rlhf_operator import builder
 from rlhfjob import api, contract
 from rlhfjob.config import parse_job
@@ -149,18 +145,8 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/operator-latency.json")
     args = parser.parse_args()
 
-    kubeconfig = cluster.up()
-    api_client = config.new_client_from_config(config_file=str(kubeconfig))
-    lc = LocalCluster(kubeconfig, api_client)
-    namespace = f"bench-{uuid.uuid4().hex[:6]}"
-    lc.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    workdir = Path(tempfile.mkdtemp(prefix="operator-bench-"))
-    operator = OperatorProcess(
-        kubeconfig=operator_kubeconfig(lc, workdir / "kubeconfig"), log_path=workdir / "op.log"
-    )
-    operator.start()
-    bench = Bench(lc, namespace)
-    try:
+    with operator_session("bench") as session:
+        bench = Bench(session.lc, session.namespace)
         ceiling = []
         for i in range(args.ceiling_runs):
             ceiling.append(bench.bare_cluster(f"bare-{i}"))
@@ -172,9 +158,6 @@ def main() -> int:
             samples += bench.operator_batch(names[start : start + args.batch])
             progress("RLHFJobs to Running", len(samples), args.jobs)
         print(file=sys.stderr)
-    finally:
-        operator.stop()
-        lc.core.delete_namespace(namespace)
 
     result = {
         "benchmark": "operator-latency",

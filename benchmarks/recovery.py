@@ -21,21 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-
-from rlhf_local import cluster, faults
+from rlhf_local import faults
 from rlhf_local.faults import TrainingRecord
+from rlhf_local.harness import wait_for
 from rlhf_local.jobs import Jobs
-from rlhf_local.operator_process import OperatorProcess, operator_kubeconfig
-from rlhf_local.testing import LocalCluster, wait_for
+from rlhf_local.operator_process import OperatorProcess
+from rlhf_local.session import operator_session
 
 TARGET_IN_PLACE_S = 20.0
 TOTAL_STEPS = 400
@@ -146,28 +143,17 @@ def main() -> int:
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
 
-    kubeconfig = cluster.up()
-    lc = LocalCluster(kubeconfig, config.new_client_from_config(config_file=str(kubeconfig)))
-    namespace = f"recovery-{uuid.uuid4().hex[:6]}"
-    lc.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    workdir = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
-    operator = OperatorProcess(
-        kubeconfig=operator_kubeconfig(lc, workdir / "kubeconfig"), log_path=workdir / "op.log"
-    )
-    operator.start()
-    jobs = Jobs(lc, namespace)
     results: dict[str, Any] = {}
-    try:
+    with operator_session("recovery") as session:
+        jobs = Jobs(session.lc, session.namespace)
         for case in cases:
             say(f"{case}: {args.runs} runs")
-            results[case] = run_case(jobs, operator, workdir / "checkpoints", case, args.runs)
+            checkpoints = session.workdir / "checkpoints"
+            results[case] = run_case(jobs, session.operator, checkpoints, case, args.runs)
             results[case]["command"] = (
                 f"task bench:recovery -- --runs {args.runs} --cases {case}"
                 f"  # {datetime.now(UTC).isoformat(timespec='seconds')}"
             )
-    finally:
-        operator.stop()
-        lc.core.delete_namespace(namespace)
 
     out = Path(args.out)
     if args.update and out.exists():

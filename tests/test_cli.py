@@ -16,7 +16,7 @@ ROOT = Path(__file__).parent.parent
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlhfjob.cli", *args],
+        [sys.executable, "-m", "rlhfjob_cli", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

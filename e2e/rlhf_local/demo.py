@@ -18,20 +18,16 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config
 
 from rlhf_local import cluster
 from rlhf_local.faults import driver_pid
-from rlhf_local.operator_process import OperatorProcess, operator_kubeconfig
 from rlhf_local.paths import REPO_ROOT
-from rlhf_local.testing import LocalCluster
+from rlhf_local.session import operator_session
 from rlhfjob import api
 
 EXAMPLE = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"
@@ -89,33 +85,22 @@ def _reward_curve(log_path: Path) -> list[tuple[int, float]]:
 
 def run(out: Path, keep_cluster: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    _say("starting the local control plane (the first run builds it from Go modules)")
-    was_running = cluster.is_running()
-    kubeconfig = cluster.up()
-    lc = LocalCluster(kubeconfig, config.new_client_from_config(config_file=str(kubeconfig)))
-    namespace = f"demo-{uuid.uuid4().hex[:5]}"
-    lc.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    workdir = Path(tempfile.mkdtemp(prefix="rlhfjob-demo-"))
-    operator = OperatorProcess(
-        kubeconfig=operator_kubeconfig(lc, workdir / "kubeconfig"), log_path=out / "operator.log"
-    )
-    _say("starting the operator (with the Helm chart's RBAC)")
-    operator.start()
-
     manifest = yaml.safe_load(EXAMPLE.read_text())
-    manifest["metadata"]["namespace"] = namespace
     checkpoints = out / "checkpoints"
     manifest["spec"]["checkpoint"]["path"] = str(checkpoints.resolve())
     name = manifest["metadata"]["name"]
-    lc.custom.create_namespaced_custom_object(
-        api.GROUP, api.VERSION, namespace, api.PLURAL, manifest
-    )
-    _say(f"applied {EXAMPLE.name} as {namespace}/{name}")
-
     injected_at: int | None = None
-    started = time.monotonic()
     job: dict[str, Any] = {}
-    try:
+    with operator_session(
+        "demo", operator_log=out / "operator.log", keep_namespace=True, say=_say
+    ) as session:
+        lc, namespace = session.lc, session.namespace
+        manifest["metadata"]["namespace"] = namespace
+        lc.custom.create_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, manifest
+        )
+        _say(f"applied {EXAMPLE.name} as {namespace}/{name}")
+        started = time.monotonic()
         while time.monotonic() - started < TIMEOUT:
             job = lc.custom.get_namespaced_custom_object(
                 api.GROUP, api.VERSION, namespace, api.PLURAL, name
@@ -134,8 +119,6 @@ def run(out: Path, keep_cluster: bool = False) -> int:
                          f"{injected_at}; last checkpoint at step {checkpoint}")  # fmt: skip
             time.sleep(1)
         print(file=sys.stderr)
-    finally:
-        operator.stop()
 
     status = job.get("status") or {}
     log_path = checkpoints / namespace / name / "metrics.jsonl"
@@ -154,7 +137,7 @@ def run(out: Path, keep_cluster: bool = False) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _say(f"{status.get('phase')}: {status.get('message')}")
     _say(f"reward curve: {out / 'reward-curve.png'}; summary: {out / 'summary.json'}")
-    if not keep_cluster and not was_running:
+    if not keep_cluster and not session.cluster_was_running:
         cluster.down()
     ok = status.get("phase") == "Succeeded" and injected_at is not None and resumed
     return 0 if ok else 1

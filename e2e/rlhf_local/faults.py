@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
+from rlhf_local.harness import wait_for
 from rlhf_local.jobs import Jobs
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.paths import REPO_ROOT
-from rlhf_local.testing import wait_for
 from rlhfjob.patches import merge_patch
 
 EXAMPLE = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"

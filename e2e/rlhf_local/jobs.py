@@ -14,7 +14,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from rlhf_local import pools
-from rlhf_local.testing import LocalCluster, events_for, wait_for
+from rlhf_local.harness import LocalCluster, events_for, wait_for
 from rlhfjob import api, contract
 from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 
 from rlhf_local import cluster
-from rlhf_local.testing import LocalCluster, wait_for
+from rlhf_local.harness import LocalCluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "rlhfjob-system"
@@ -105,7 +105,7 @@ class OperatorProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable, "-m", "rlhfjob.cli", "operator",
+                    sys.executable, "-m", "rlhfjob_cli", "operator",
                     f"--metrics-port={self.metrics_port}",
                     f"--health-port={self.health_port}",
                     "--timer-interval=1",

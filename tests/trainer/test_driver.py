@@ -31,11 +31,11 @@ import yaml
 
 torch = pytest.importorskip("torch")
 
+import rlhfjob_cli as cli  # noqa: E402
 from rlhf_trainer.checkpoint import TEMP_DIR_PREFIX, CheckpointStore, read_checkpoint  # noqa: E402
 from rlhf_trainer.curves import plot_reward_curve, read_step_log  # noqa: E402
 from rlhf_trainer.driver import final_status, local_ray_resources  # noqa: E402
 from rlhf_trainer.loop import progress_line  # noqa: E402
-from rlhfjob import cli  # noqa: E402
 from rlhfjob.api import ray_resource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
 from rlhfjob.contract import ENV_ATTEMPT as ATTEMPT  # noqa: E402
@@ -223,7 +223,7 @@ class Driver:
         self.started_at = time.time()
         with self.log.open("w") as output:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "rlhfjob.cli", "train", "--config", str(job), *args],
+                [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(job), *args],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env=env,

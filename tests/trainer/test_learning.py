@@ -36,7 +36,7 @@ def train_example(name: str, directory: Path) -> tuple[list[dict], float, Path]:
     job.write_text(yaml.safe_dump(document))
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     result = subprocess.run(
-        [sys.executable, "-m", "rlhfjob.cli", "train", "--config", str(job)],
+        [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(job)],
         capture_output=True,
         text=True,
         timeout=1200,

@@ -8,8 +8,10 @@
     rlhfjob local up|down|status   the local control plane (development and tests)
     rlhfjob demo                   the local demo (see README)
 
-Sub-commands import their heavy dependencies lazily, so `rlhfjob crd` works without torch or
-kopf installed.
+Its own package because it is the one place that may import every other: the API (`rlhfjob`),
+the operator, the trainer and, for `local` and `demo`, the development harness (`rlhf_local`,
+not in the wheel). Sub-commands import their heavy dependencies lazily, so `rlhfjob crd` works
+without torch or kopf installed.
 """
 
 from __future__ import annotations
@@ -51,17 +53,15 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    import os
-
-    os.environ["RLHF_OPERATOR_TIMER_INTERVAL"] = str(args.timer_interval)
-    os.environ["RLHF_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     import kopf
 
-    import rlhf_operator.handlers  # noqa: F401  (registers the handlers)
+    from rlhf_operator.handlers import OperatorSettings, registry
 
+    settings = OperatorSettings(timer_interval=args.timer_interval, metrics_port=args.metrics_port)
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=True,
+        registry=registry(settings),
         namespaces=args.namespace or [],
         clusterwide=not args.namespace,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
@@ -75,7 +75,19 @@ def _train(args: argparse.Namespace) -> int:
     return driver.main(args)
 
 
+def _harness() -> None:
+    """`local` and `demo` need the development install; say so rather than a traceback."""
+    try:
+        import rlhf_local  # noqa: F401
+    except ModuleNotFoundError:
+        raise SystemExit(
+            "rlhfjob local and rlhfjob demo need the development harness: run `task setup` in "
+            "a checkout (it installs e2e/ as the rlhf-local package)"
+        ) from None
+
+
 def _local(args: argparse.Namespace) -> int:
+    _harness()
     from rlhf_local import cluster
 
     if args.action == "up":
@@ -91,6 +103,7 @@ def _local(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    _harness()
     from rlhf_local import demo
 
     return demo.run(Path(args.out), keep_cluster=args.keep_cluster)
@@ -136,7 +149,3 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidJobError as error:
         print(error, file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
