@@ -56,6 +56,10 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         found: Reconciler = state["reconciler"]
         return found
 
+    @kopf.on.login(registry=handlers)  # a registry of our own has none of kopf's by default
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=handlers)
     async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING  # our own Events say what matters; not kopf's
