@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -119,8 +121,19 @@ class ZeroWorker:
             timeout=DIST_TIMEOUT,
             verbose=False,
         )
+        started = time.perf_counter()
         self._build(total_optimizer_steps)
+        self.build_report = {
+            "seconds": time.perf_counter() - started,
+            "peak_host_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_gpu_bytes": torch.cuda.max_memory_reserved() if self.on_gpu else 0,
+        }
+        """How long building the engines took and the peak memory so far (model loading)."""
         self.ready = True
+
+    def build_report_of(self) -> dict[str, Any]:
+        """`build_report` (set by `setup`)."""
+        return dict(self.build_report)
 
     def ping(self) -> dict[str, Any]:
         """Cheap liveness check for adoption: which spec, rank and group, and whether set up.
@@ -271,9 +284,11 @@ class PolicyWorker(ZeroWorker):
         self._for_training()
         return rollout.load(self.engine.module, version)
 
-    def colocation_seconds(self) -> dict[str, float]:
-        """Time this rank spent handing memory between trainer and engine, by kind."""
-        return dict(self._colocated().seconds)
+    def colocation_report(self) -> dict[str, Any]:
+        """Time this rank spent handing memory between trainer and engine, by kind, and the
+        peak GPU memory of each mode."""
+        rollout = self._colocated()
+        return {"seconds": dict(rollout.seconds), "peak_memory_bytes": dict(rollout.peak_memory)}
 
     # -- training -----------------------------------------------------------------------------
 

@@ -69,6 +69,24 @@ class ColocatedEngine:
         self.offloaded = False
         self.seconds: dict[str, float] = {}
         """Time spent in each hand-over (sleep, wake, offload, reload, load), summed."""
+        self.peak_memory: dict[str, int] = {}
+        """GPU: the most memory in use on the device during each mode, in bytes."""
+        self._mark_start()
+
+    def _mark_start(self) -> None:
+        if self.on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+
+    def _mark(self, mode: str) -> None:
+        """Record the peak of the mode that ends: the caching allocator's peak plus what
+        lives outside it (vLLM's sleep-mode pool, the CUDA context), seen by the device."""
+        if not self.on_gpu:
+            return
+        free, total = torch.cuda.mem_get_info()
+        outside = (total - free) - torch.cuda.memory_reserved()
+        peak = torch.cuda.max_memory_reserved() + max(outside, 0)
+        self.peak_memory[mode] = max(self.peak_memory.get(mode, 0), peak)
+        self._mark_start()
 
     def _timed(self, name: str, action: Callable[[], Any]) -> None:
         started = time.perf_counter()
@@ -81,6 +99,7 @@ class ColocatedEngine:
         """Offload the trainer's state (ZeRO-3) and wake the engine."""
         if self.mode == ROLLOUT:
             return
+        self._mark(TRAINING)
         if self.on_gpu and _zero_stage(trainer) == 3:
             self._timed("trainer_offload", lambda: _offload(trainer))
             self.offloaded = True
@@ -92,8 +111,9 @@ class ColocatedEngine:
         """Put the engine to sleep and bring the trainer's state back."""
         if self.mode == TRAINING:
             return
+        self._mark(ROLLOUT)
         if isinstance(self.engine, VLLMEngine):
-            self._timed("engine_sleep", lambda: self._sleep())
+            self._timed("engine_sleep", self._sleep)
         if self.offloaded:
             self._timed("trainer_reload", trainer.reload_states)
             self.offloaded = False
@@ -105,6 +125,8 @@ class ColocatedEngine:
 
     def load(self, module: nn.Module, version: int) -> dict[str, Any]:
         """Load `module`'s parameters (every rank gathers) into the engine as `version`."""
+        if isinstance(self.engine, VLLMEngine):  # memory back first (not part of the load)
+            self._timed("engine_wake_weights", self.engine.wake_weights)
         started = time.perf_counter()
         loaded = 0
         bucket: NamedTensors = []

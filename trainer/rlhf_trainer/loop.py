@@ -276,6 +276,12 @@ class Trainer:
         self._ready(started)
 
     def _ready(self, started: float) -> None:
+        built = ray.get(self.policy.actors[0].build_report_of.remote())
+        host, gpu = built["peak_host_bytes"] / 2**30, built["peak_gpu_bytes"] / 2**30
+        self.log(
+            f"policy rank 0 built its engines in {built['seconds']:.1f} s "
+            f"(peak host memory {host:.1f} GiB, GPU {gpu:.1f} GiB)"
+        )
         self.startup_seconds = time.perf_counter() - started
         self.metrics.record_startup(self.startup_seconds)
         how = (
