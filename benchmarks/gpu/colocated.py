@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -634,6 +635,13 @@ def bench_step(args: argparse.Namespace) -> None:
 
         with report.section("weight_update"):
             version = trainer.version
+            prompts = random_prompts(n_prompts)
+            batch_ref = ray.put(
+                build_batch(
+                    [p for p in prompts for _ in range(group)],
+                    [[1] * response_len for _ in range(n_prompts * group)],
+                )
+            )
             driver, rank_side = [], []
             for _ in range(args.repeats + 2):
                 trainer.policy.call("logprobs", batch_ref)  # the engine sleeps, as after an update
@@ -665,17 +673,18 @@ def bench_step(args: argparse.Namespace) -> None:
                 report.update(sleep=cycles)
                 # The weights must be right after the level-2 cycle: the engine's log-probs
                 # of its own samples against the trainer's recompute.
-                prompts = random_prompts(8)
+                # A whole step's rows: the ranks shard by the step's plan.
+                prompts = random_prompts(n_prompts)
                 scored = trainer.fleet.generate(
                     prompts,
-                    SamplingParams(n=1, temperature=1.0, max_tokens=64, seed=3, logprobs=True),
+                    SamplingParams(n=group, temperature=1.0, max_tokens=64, seed=3, logprobs=True),
                 )
-                batch = build_batch(prompts, [row[0].token_ids for row in scored])
+                samples = [sample for row in scored for sample in row]
+                prompts = [p for p in prompts for _ in range(group)]
+                batch = build_batch(prompts, [sample.token_ids for sample in samples])
                 mine = trainer.policy.unshard(trainer.policy.submit("logprobs", ray.put(batch)))
                 theirs = torch.zeros_like(mine)
-                for row, (prompt, sample) in enumerate(
-                    zip(prompts, [r[0] for r in scored], strict=True)
-                ):
+                for row, (prompt, sample) in enumerate(zip(prompts, samples, strict=True)):
                     theirs[row, len(prompt) - 1 : len(prompt) - 1 + len(sample.logprobs)] = (
                         torch.tensor(sample.logprobs)
                     )
@@ -797,8 +806,46 @@ def bench_job(args: argparse.Namespace) -> None:
 # Summary
 
 
+STEP_LINE = re.compile(r"step\s+(\d+)/(\d+) \| reward ([\d.]+) ±([\d.]+).*\| ([\d.]+) s \(")
+
+
+def steps_from_logs(*logs: Path) -> list[dict[str, Any]]:
+    """The driver's progress lines, one record per step (a later attempt's line wins): for a
+    run cut short before it wrote its JSON."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for attempt, log in enumerate(logs):
+        for match in STEP_LINE.finditer(log.read_text() if log.is_file() else ""):
+            step = int(match[1])
+            by_step[step] = {
+                "step": step,
+                "attempt": attempt,
+                "reward_mean": float(match[3]),
+                "reward_std": float(match[4]),
+                "step_seconds": float(match[5]),
+            }
+    return [by_step[step] for step in sorted(by_step)]
+
+
 def summary(directory: Path) -> None:
     """Merge update.json, step.json and job.json into gpu-colocated.json with the top-level keys."""
+    job_json = directory / "job.json"
+    if job_json.is_file() and "steps" not in json.loads(job_json.read_text()):
+        job = json.loads(job_json.read_text())
+        steps = steps_from_logs(directory / "job-first.log", directory / "job-resumed.log")
+        rewards = [s["reward_mean"] for s in steps]
+        resumed = (directory / "job-resumed.log").read_text().splitlines()
+        job.update(
+            steps=steps,
+            steps_source="the driver's progress lines (the run outlived the call's time limit "
+            "after its last step, before the benchmark wrote them)",
+            reward_first_steps=sum(rewards[:5]) / 5,
+            reward_last_steps=sum(rewards[-5:]) / 5,
+            resumed_from=[line for line in resumed if "resuming from" in line][:1],
+        )
+        job_json.write_text(json.dumps(job, indent=2))
+        from rlhf_trainer.curves import plot_reward_curve
+
+        plot_reward_curve(steps, directory / "job-reward-curve.png", "grpo-1gpu on one H200")
     parts = {
         name: json.loads((directory / f"{name}.json").read_text())
         for name in ("update", "step", "job")

@@ -103,6 +103,8 @@ class ColocatedEngine:
         if self.on_gpu and _zero_stage(trainer) == 3:
             self._timed("trainer_offload", lambda: _offload(trainer))
             self.offloaded = True
+        if self.on_gpu:  # the trainer's cached blocks back to the device, for the KV cache
+            self._timed("trainer_empty_cache", torch.cuda.empty_cache)
         if isinstance(self.engine, VLLMEngine):
             self._timed("engine_wake", self.engine.wake)
         self.mode = ROLLOUT
