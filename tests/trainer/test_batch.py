@@ -16,10 +16,10 @@ from rlhf_trainer.experience import (  # noqa: E402
     flatten_completions,
     grpo_advantages,
     ppo_advantages,
-    step_seed,
 )
 from rlhf_trainer.fleet import split_evenly  # noqa: E402
 from rlhf_trainer.rollout import Completion  # noqa: E402
+from rlhf_trainer.seeds import step_seed  # noqa: E402
 from rlhf_trainer.zero import deepspeed_config, lr_multiplier  # noqa: E402
 from rlhfjob.api import AlgorithmSpec  # noqa: E402
 

@@ -19,9 +19,9 @@ from rlhf_trainer.engines import (
     ModelSource,
     VLLMEngine,
     VLLMWorkerExtension,
-    derive_seed,
 )
 from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.seeds import derive_seed
 
 TINY_QWEN2 = {
     "model_type": "qwen2",

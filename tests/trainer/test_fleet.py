@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.engines import derive_seed
 from rlhf_trainer.fleet import Chunk, assign_chunks, plan_chunks, split_evenly
+from rlhf_trainer.seeds import derive_seed
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
 

@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_trainer.engines import HFEngine, ModelSource, VLLMEngine, derive_seed
+from rlhf_trainer.engines import HFEngine, ModelSource, VLLMEngine
 from rlhf_trainer.fleet import CALL_TIMEOUT_S, GENERATE_TIMEOUT_S, SyncResult, plan_chunks
 from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.seeds import derive_seed
 from rlhf_trainer.weight_sync import NamedTensors, iter_module_parameters
 from rlhfjob.api import RLHFJobSpec
 

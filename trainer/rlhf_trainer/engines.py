@@ -33,7 +33,6 @@ whose sync failed part-way refuses to generate until a later load succeeds.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
 import tempfile
@@ -45,6 +44,7 @@ import torch
 
 from rlhf_trainer.algorithms import logprobs_from_logits
 from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.seeds import derive_seed
 from rlhf_trainer.weight_sync import (
     NamedTensors,
     SyncGroupInfo,
@@ -133,12 +133,6 @@ def build_causal_lm(source: ModelSource, device: torch.device | str = "cpu") -> 
         assert source.path is not None
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
     return model.to(device).eval()
-
-
-def derive_seed(seed: int, index: int) -> int:
-    """A well-mixed 62-bit seed for item `index` of a call seeded with `seed`."""
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
 
 
 # --------------------------------------------------------------------------------------------

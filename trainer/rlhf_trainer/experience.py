@@ -7,7 +7,6 @@ rewards; PPO shapes token rewards with the KL penalty and runs GAE over the crit
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +18,6 @@ from rlhf_trainer import algorithms as alg
 from rlhf_trainer.data import PromptItem
 from rlhf_trainer.rollout import Completion
 from rlhfjob.api import AlgorithmSpec
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The sampling seed of training step `step`: a function of (seed, step) only, so a resumed
-    run samples exactly what the uninterrupted run sampled."""
-    digest = hashlib.blake2b(f"rlhf-step:{seed}:{step}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
 
 
 @dataclass

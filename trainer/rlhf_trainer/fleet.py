@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from rlhf_trainer.engines import derive_seed
 from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.seeds import derive_seed
 from rlhf_trainer.weight_sync import SyncStats
 
 if TYPE_CHECKING:

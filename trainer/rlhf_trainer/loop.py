@@ -54,13 +54,13 @@ from rlhf_trainer.experience import (
     flatten_completions,
     grpo_advantages,
     ppo_advantages,
-    step_seed,
 )
 from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.heartbeat import make_heartbeat
 from rlhf_trainer.models import model_config
 from rlhf_trainer.rewards import RewardFunctionError, RuleReward
 from rlhf_trainer.rollout import SamplingParams
+from rlhf_trainer.seeds import step_seed
 from rlhfjob import contract
 from rlhfjob.api import RLHFJob, RLHFJobSpec, RoleSpec, actor_slots
 

@@ -1,0 +1,27 @@
+"""The derived seeds are pinned: a change here changes every sample of every run."""
+
+from __future__ import annotations
+
+from rlhf_trainer.seeds import derive_seed, mix, step_seed
+
+
+def test_derived_seeds_keep_their_values() -> None:
+    # Computed with engines.derive_seed before the seeds moved to rlhf_trainer.seeds.
+    assert derive_seed(0, 0) == 1780076726024870709
+    assert derive_seed(42, 3) == 3777066729632592571
+    assert derive_seed(11, 3) == 4461135681390321395
+    assert derive_seed(2**40, 7) == 2833462947534232852
+
+
+def test_step_seeds_keep_their_values() -> None:
+    # Computed with experience.step_seed before the seeds moved to rlhf_trainer.seeds.
+    assert step_seed(0, 0) == 4298396768651460946
+    assert step_seed(0, 5) == 1812683546318565324
+    assert step_seed(42, 3) == 3353154399157715884
+    assert step_seed(7, 100) == 1718968042050769912
+
+
+def test_both_helpers_are_mix_of_their_parts() -> None:
+    assert derive_seed(42, 3) == mix(42, 3)
+    assert step_seed(42, 3) == mix("rlhf-step", 42, 3)
+    assert 0 <= mix("anything", 1, 2.5) < 2**62
