@@ -196,12 +196,18 @@ def ray_address() -> Iterator[str]:
             head.wait()
 
 
-def job_file(directory: Path, engines: int = 1, min_engines: int | None = None) -> Path:
-    """The GRPO example, shortened to 6 steps with a checkpoint every 2, one rollout engine."""
+def job_file(
+    directory: Path, engines: int = 1, min_engines: int | None = None, *, colocated: bool = False
+) -> Path:
+    """The GRPO example, shortened to 6 steps with a checkpoint every 2, one rollout engine
+    (colocated: one inside each of the 2 trainer ranks)."""
     document = yaml.safe_load(EXAMPLE.read_text())
     spec = document["spec"]
     spec["algorithm"]["totalSteps"] = TOTAL_STEPS
-    spec["roles"]["rollout"]["replicas"] = engines
+    if colocated:
+        spec["roles"]["rollout"] = {"placement": "colocated", "backend": "hf"}
+    else:
+        spec["roles"]["rollout"]["replicas"] = engines
     if min_engines is not None:
         spec["roles"]["rollout"]["minReplicas"] = min_engines
     spec["checkpoint"].update(path=str(directory / "checkpoints"), intervalSteps=2, keepLast=10)
@@ -263,11 +269,15 @@ def final_policy(directory: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_stopped_and_resumed_training_equals_uninterrupted_training(ray_address, tmp_path):
+@pytest.mark.parametrize("colocated", [False, True], ids=["disaggregated", "colocated"])
+def test_stopped_and_resumed_training_equals_uninterrupted_training(
+    ray_address, tmp_path, colocated
+):
     straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
     straight_dir.mkdir()
     resumed_dir.mkdir()
-    straight_job, resumed_job = job_file(straight_dir), job_file(resumed_dir)
+    straight_job = job_file(straight_dir, colocated=colocated)
+    resumed_job = job_file(resumed_dir, colocated=colocated)
 
     straight = Driver(straight_job, ray_address)
 
@@ -306,7 +316,8 @@ def test_stopped_and_resumed_training_equals_uninterrupted_training(ray_address,
     assert third.wait() == ExitCode.SUCCEEDED, third.output()[-3000:]
     assert straight.wait() == ExitCode.SUCCEEDED, straight.output()[-3000:]
     adopted = re.search(r"adopted (\d+) actors from the previous attempt", third.output())
-    assert adopted and int(adopted[1]) == 3, third.output()[-3000:]  # 2 policy ranks, 1 engine
+    # 2 policy ranks and 1 engine; colocated, the engines came inside the 2 ranks
+    assert adopted and int(adopted[1]) == (2 if colocated else 3), third.output()[-3000:]
     assert_only_complete_checkpoints(resumed_dir)
     resumed_at = CheckpointStore(root).latest_complete()
     lines = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]

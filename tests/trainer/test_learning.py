@@ -1,4 +1,5 @@
-"""The CPU examples learn: 2 ZeRO-3 trainer ranks and 2 rollout engines on a local Ray.
+"""The CPU examples learn: 2 ZeRO-3 trainer ranks and 2 rollout engines on a local Ray
+(colocated: one engine inside each rank).
 
 Each example runs as `rlhfjob train` in a child process that starts its own Ray (the local path
 of the driver), with checkpoints and the step log redirected under the test's directory. Mean
@@ -49,7 +50,9 @@ def train_example(name: str, directory: Path) -> tuple[list[dict], float, Path]:
     return read_step_log(run_dir / "metrics.jsonl"), task.max_reward, run_dir
 
 
-@pytest.mark.parametrize("example", ["grpo-tiny-cpu.yaml", "ppo-tiny-cpu.yaml"])
+@pytest.mark.parametrize(
+    "example", ["grpo-tiny-cpu.yaml", "grpo-tiny-colocated-cpu.yaml", "ppo-tiny-cpu.yaml"]
+)
 def test_the_tiny_example_learns_its_task(example, tmp_path):
     records, max_reward, run_dir = train_example(example, tmp_path)
     rewards = [record["reward_mean"] for record in records]
