@@ -142,8 +142,6 @@ class ZeroTrainer:
         import deepspeed
         import torch.distributed as dist
 
-        from rlhf_trainer.engines import build_causal_lm
-
         self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(0)  # Ray gives this actor its own CUDA_VISIBLE_DEVICES
@@ -160,7 +158,7 @@ class ZeroTrainer:
             verbose=False,
         )
         assert dist.is_initialized()
-        model = build_causal_lm(ModelSource(config=config, seed=seed, dtype="float32"))
+        model = ModelSource(config=config, seed=seed, dtype="float32").build()
         ds_config = {
             "train_micro_batch_size_per_gpu": TRAIN_BATCH,
             "gradient_accumulation_steps": 1,

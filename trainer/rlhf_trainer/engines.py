@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from rlhf_trainer.algorithms import logprobs_from_logits
+from rlhf_trainer.models import causal_lm, hf_config
 from rlhf_trainer.rollout import Completion, SamplingParams
 from rlhf_trainer.seeds import derive_seed
 from rlhf_trainer.weight_sync import (
@@ -92,13 +93,11 @@ class ModelSource:
             return cls(config=dict(spec.random_init), seed=seed, dtype=dtype)
         return cls(path=spec.policy, dtype=dtype)
 
-
-def hf_config(config: dict[str, Any]) -> Any:
-    """A transformers config object from a plain dict with ``model_type``."""
-    from transformers import AutoConfig
-
-    values = dict(config)
-    return AutoConfig.for_model(values.pop("model_type"), **values)
+    def build(self, device: torch.device | str = "cpu") -> Any:
+        """A transformers causal LM in eval mode on `device`, built by the trainer's own
+        builder (`models.causal_lm`), so its random weights are the trainer's for one seed."""
+        model = causal_lm(self.path, self.config, self.seed, getattr(torch, self.dtype))
+        return model.to(device).eval()
 
 
 def causal_lm_config(config: dict[str, Any]) -> Any:
@@ -114,25 +113,6 @@ def causal_lm_config(config: dict[str, Any]) -> Any:
     if not getattr(result, "architectures", None):
         result.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[result.model_type]]
     return result
-
-
-def build_causal_lm(source: ModelSource, device: torch.device | str = "cpu") -> Any:
-    """A transformers causal LM from `source`, in eval mode on `device`.
-
-    Random initialisation is seeded by ``source.seed`` without disturbing the caller's RNG, so
-    two builds from the same source are identical.
-    """
-    from transformers import AutoModelForCausalLM
-
-    dtype = getattr(torch, source.dtype)
-    if source.config is not None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(source.seed)
-            model = AutoModelForCausalLM.from_config(hf_config(source.config), dtype=dtype)
-    else:
-        assert source.path is not None
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
-    return model.to(device).eval()
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,9 +140,7 @@ class HFEngine:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(device)
-        self.model = (
-            build_causal_lm(model, self.device) if isinstance(model, ModelSource) else model
-        )
+        self.model = model.build(self.device) if isinstance(model, ModelSource) else model
         self.model.eval()
         self.max_batch_size = max_batch_size
         self._version = 0

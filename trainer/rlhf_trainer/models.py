@@ -4,6 +4,8 @@ Every role starts from the same recipe: a Hugging Face causal LM loaded from `sp
 (a local path) or built from the config dict `spec.model.randomInit` with weights drawn from a
 seeded generator, so every trainer rank, the reference and the critic start from identical
 weights. The critic is the policy's transformer backbone with a fresh scalar value head.
+`causal_lm` is the one builder: the HF rollout engine (`engines.ModelSource.build`) uses it too,
+so an engine built from the same seed holds the trainer's initial weights.
 """
 
 from __future__ import annotations
@@ -23,31 +25,50 @@ def training_dtype(spec: ModelSpec, on_gpu: bool) -> torch.dtype:
     return _DTYPES[spec.dtype] if on_gpu else torch.float32
 
 
+def hf_config(config: dict[str, Any]) -> Any:
+    """A transformers config object from a plain dict with ``model_type`` (`randomInit`)."""
+    from transformers import AutoConfig
+
+    fields = dict(config)
+    model_type = fields.pop("model_type", None)
+    if not model_type:
+        raise ValueError("spec.model.randomInit needs model_type (for example qwen2)")
+    return AutoConfig.for_model(model_type, **fields)
+
+
 def model_config(spec: ModelSpec) -> Any:
     """The Hugging Face config of the policy (from `randomInit` or the policy's directory)."""
     from transformers import AutoConfig
 
     if spec.random_init is not None:
-        fields = dict(spec.random_init)
-        model_type = fields.pop("model_type", None)
-        if not model_type:
-            raise ValueError("spec.model.randomInit needs model_type (for example qwen2)")
-        return AutoConfig.for_model(model_type, **fields)
+        return hf_config(spec.random_init)
     assert spec.policy is not None  # the API requires exactly one of policy and randomInit
     return AutoConfig.from_pretrained(spec.policy)
 
 
-def build_causal_lm(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The policy network: pretrained weights, or random ones that depend only on `seed`."""
+def causal_lm(
+    path: str | None, config: dict[str, Any] | None, seed: int, dtype: torch.dtype = torch.float32
+) -> nn.Module:
+    """A causal LM: pretrained weights from `path`, or random ones from the HF `config` dict.
+
+    Random weights are drawn in float32 under `seed` (the caller's RNG left as it was) and only
+    then cast to `dtype`, so every build of one seed, whatever its dtype, starts from the same
+    values: the trainer's ranks, its reference and critic, and the HF rollout engines.
+    """
     from transformers import AutoModelForCausalLM
 
-    if spec.random_init is None:
-        assert spec.policy is not None
-        return AutoModelForCausalLM.from_pretrained(spec.policy, dtype=dtype)
+    if config is None:
+        assert path is not None
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(model_config(spec))
+        model = AutoModelForCausalLM.from_config(hf_config(config))
     return model.to(dtype)
+
+
+def build_causal_lm(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The policy network: pretrained weights, or random ones that depend only on `seed`."""
+    return causal_lm(spec.policy, spec.random_init, seed, dtype)
 
 
 def build_reference(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
