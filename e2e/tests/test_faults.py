@@ -126,6 +126,28 @@ def test_1_killed_driver_is_resubmitted_in_place_from_the_checkpoint(fault_run: 
     assert status["restartHistory"][0]["resumedTime"], "the operator saw training resume"
 
 
+COLOCATED = {"placement": "colocated", "replicas": None, "minReplicas": None, "cpu": None,
+             "memory": None}  # fmt: skip
+"""The fault job's rollout, colocated: an engine inside the trainer rank, no rollout pods."""
+
+
+def test_1_colocated_killed_driver_is_resubmitted_in_place_with_its_engines(
+    fault_run: Any,
+) -> None:
+    run = fault_run("kill-colocated", roles={"rollout": COLOCATED}, algorithm={"totalSteps": 12})
+    cluster = wait_for(lambda: run.jobs.ray_cluster(run.name), 60, "the RayCluster")
+    groups = [group["groupName"] for group in cluster["spec"]["workerGroupSpecs"]]
+    assert groups == ["trainer"], "a colocated rollout has no pods of its own"
+    run.wait_past_checkpoint()
+    faults.kill_driver(run.jobs, run.name)
+    restart = run.wait_for_restart()
+    resumed = run.record.newest_checkpoint()
+    assert restart["reason"] == "TrainerFailed"
+    assert run.cluster_uid() == cluster["metadata"]["uid"], "in place: the same RayCluster"
+    status = run.assert_recovered([resumed])
+    assert status["restartHistory"][0]["resumedTime"], "the operator saw training resume"
+
+
 def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_run: Any) -> None:
     run = fault_run("freeze")
     run.wait_past_checkpoint()
