@@ -24,10 +24,10 @@ from rlhf_trainer.actors import (  # noqa: E402
     PolicyWorker,
     ReferenceWorker,
     WorkerGroup,
-    rollout_rows,
 )
 from rlhf_trainer.batch import Batch, build_batch  # noqa: E402
 from rlhf_trainer.models import build_causal_lm  # noqa: E402
+from rlhf_trainer.topology import rollout_rows  # noqa: E402
 from rlhfjob.api import RLHFJobSpec, ray_resource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
 

@@ -37,8 +37,9 @@ from rlhf_trainer.batch import Batch, ShardPlan
 from rlhf_trainer.colocated import ColocatedEngine
 from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
 from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.topology import role_ranks, rollout_rows
 from rlhf_trainer.zero import deepspeed_config, lr_multiplier, zero_stage
-from rlhfjob.api import RLHFJobSpec, RoleSpec, actor_slots, ray_resource
+from rlhfjob.api import RLHFJobSpec, RoleSpec, ray_resource
 
 logger = logging.getLogger(__name__)
 
@@ -55,22 +56,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
         return int(probe.getsockname()[1])
-
-
-def rollout_rows(spec: RLHFJobSpec) -> int:
-    """Sequences per training step: prompts x samples per prompt (one sample each for PPO)."""
-    samples = spec.algorithm.group_size if spec.algorithm.name == "grpo" else 1
-    return spec.algorithm.prompts_per_step * samples
-
-
-def total_steps(spec: RLHFJobSpec, dataset_size: int | None = None) -> int:
-    """Training steps: `totalSteps`, or `epochs` passes over a dataset of `dataset_size` prompts."""
-    algorithm = spec.algorithm
-    if algorithm.total_steps is not None:
-        return algorithm.total_steps
-    if dataset_size is None:
-        raise ValueError("algorithm.epochs needs a dataset of known size")
-    return max(1, algorithm.epochs or 1) * max(1, dataset_size // algorithm.prompts_per_step)
 
 
 class ZeroWorker:
@@ -580,7 +565,7 @@ class WorkerGroup:
         self, spec: RLHFJobSpec, role: str, role_spec: RoleSpec, setup_timeout_s: float
     ) -> None:
         self.role = role
-        self.world_size = role_spec.replicas * actor_slots(role_spec)
+        self.world_size = role_ranks(role_spec)
         self.plan = ShardPlan(rollout_rows(spec), self.world_size, spec.algorithm.micro_batch_size)
         self.setup_timeout_s = setup_timeout_s
         self.actors: list[Any] = []

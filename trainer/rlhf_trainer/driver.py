@@ -35,7 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from rlhfjob import contract
-from rlhfjob.api import RLHFJob, RLHFJobSpec, actor_slots, ray_resource
+from rlhfjob.api import RLHFJob, RLHFJobSpec, ray_resource
 from rlhfjob.config import InvalidJobError, load_job
 
 if TYPE_CHECKING:
@@ -81,8 +81,10 @@ class StopSignal:
 
 def local_ray_resources(spec: RLHFJobSpec) -> dict[str, float]:
     """The role resources a local Ray advertises: replicas x actor slots of each role."""
+    from rlhf_trainer.topology import role_ranks
+
     return {
-        ray_resource(role): float(role_spec.replicas * actor_slots(role_spec))
+        ray_resource(role): float(role_ranks(role_spec))
         for role, role_spec in spec.roles.enabled().items()
     }
 

@@ -758,10 +758,10 @@ def create_rollout_engines(
     Construction is asynchronous: ``ray.get`` any method (e.g. ``policy_version``) to wait
     until an engine is up.
     """
-    from rlhfjob import api
+    from rlhf_trainer.topology import role_ranks
 
     if count is None:
-        count = spec.replicas * api.actor_slots(spec)
+        count = role_ranks(spec)
     launcher = EngineLauncher(
         spec,
         model,

@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from rlhf_trainer import metrics as m
+from rlhf_trainer import topology
 from rlhf_trainer.actors import CriticWorker, PolicyWorker, ReferenceWorker, WorkerGroup
-from rlhf_trainer.actors import total_steps as count_steps
 from rlhf_trainer.adoption import adoption_timeout_s, kill_job_actors, spec_digest, spec_json
 from rlhf_trainer.algorithms import kl_estimate, masked_mean
 from rlhf_trainer.batch import Batch, build_batch
@@ -62,7 +62,7 @@ from rlhf_trainer.rewards import RewardFunctionError, RuleReward
 from rlhf_trainer.rollout import SamplingParams
 from rlhf_trainer.seeds import step_seed
 from rlhfjob import contract
-from rlhfjob.api import RLHFJob, RLHFJobSpec, RoleSpec, actor_slots
+from rlhfjob.api import RLHFJob, RLHFJobSpec, RoleSpec
 
 STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
@@ -184,7 +184,7 @@ class Trainer:
         self.inputs = inputs
         self.stop = stop
         self.detached = detached
-        self.total_steps = count_steps(spec, len(inputs.prompts))
+        self.total_steps = topology.total_steps(spec, len(inputs.prompts))
         self.run_dir = Path(contract.checkpoint_dir(job))
         self.store = CheckpointStore(self.run_dir, keep_last=spec.checkpoint.keep_last)
         self.data = self._prompt_iterator(DataPosition())
@@ -229,8 +229,6 @@ class Trainer:
         spec, roles = self.spec, self.spec.roles
         started = time.perf_counter()
         rollout, seed = roles.rollout, self.algorithm.seed
-        slots = actor_slots(rollout)
-        minimum = rollout.effective_min_replicas
         source = ModelSource.from_spec(spec.model, seed=seed, on_gpu=rollout.gpus > 0)
         self.launcher = EngineLauncher(
             rollout,
@@ -256,8 +254,8 @@ class Trainer:
         self.fleet = RolloutFleet(
             self.policy,
             self.launcher.start,
-            desired=self._desired_engines,
-            minimum=minimum * slots,
+            desired=topology.desired_engines(spec),
+            minimum=topology.minimum_engines(spec),
             log=self.log,
             on_change=self._report_engines,
         )
@@ -359,7 +357,7 @@ class Trainer:
                     answer = ray.get(ref)
                 except ray.exceptions.RayError:
                     answer = None
-            if answer == self.launcher.tag and len(engines) < self._desired_engines:
+            if answer == self.launcher.tag and len(engines) < topology.desired_engines(spec):
                 engines[engine_id] = candidates[engine_id]
                 self._answered_engines += ref in ready
             else:
@@ -367,11 +365,6 @@ class Trainer:
         self.adopted = sum(len(g.actors) for g in groups.values()) + len(engines)
         self.log(f"adopting {self.adopted} actors from the previous attempt")
         return engines
-
-    @property
-    def _desired_engines(self) -> int:
-        rollout = self.spec.roles.rollout
-        return rollout.replicas * actor_slots(rollout)
 
     def shutdown(self) -> None:
         """Kill this run's actors (a driver leaving on its own: the next attempt starts cold)."""
