@@ -10,6 +10,7 @@ import pytest
 
 from rlhfjob.contract import (
     EngineCount,
+    EventReason,
     ExitCode,
     FailureReason,
     FinalStatus,
@@ -176,3 +177,11 @@ def test_restart_and_failure_reasons_are_the_documented_words() -> None:
         assert f"`{reason}`" in readme, reason
     assert RestartReason("TrainerFailed") is RestartReason.TRAINER_FAILED
     assert f"{RestartReason.HEAD_LOST}" == "HeadLost"  # labels and Events get the bare word
+
+
+def test_event_reasons_are_the_words_the_operator_always_used() -> None:
+    # Dashboards and alerts match on these: moving them into the contract renamed none.
+    assert {str(reason) for reason in EventReason} == {
+        "Provisioning", "Submitted", "Running", "Succeeded", "Suspended", "Resumed",
+        "Degraded", "ReplicasRestored", "BelowReplicas", "AllReplicas",
+    }  # fmt: skip

@@ -31,7 +31,7 @@ from rlhfjob.api import (
     RLHFJob,
     RLHFJobStatus,
 )
-from rlhfjob.contract import ExitCode, FailureReason, FinalStatus, RestartReason
+from rlhfjob.contract import EventReason, ExitCode, FailureReason, FinalStatus, RestartReason
 
 # ---------------------------------------------------------------------------------------------
 # What to do
@@ -225,8 +225,8 @@ class _Planner:
         resumed = beat.step_changed or beat.renewed
         history[-1] = last.model_copy(update={"resumed_time": resumed})
         took = (resumed - last.failure_time).total_seconds()
-        self.event("Normal", "Resumed", f"training resumed: step {beat.step}, {took:.0f}s after "
-                   f"the {last.reason} failure")  # fmt: skip
+        message = f"training resumed: step {beat.step}, {took:.0f}s after the {last.reason} failure"
+        self.event("Normal", EventReason.RESUMED, message)
 
     def after_finish(self) -> None:
         if self.seen.cluster and not self.seen.cluster.deleting:
@@ -247,9 +247,9 @@ class _Planner:
             self.act(DeleteCluster("suspended"))
         self.status.submission_id = None
         self.enter(Phase.SUSPENDED, "suspended: cluster released, checkpoints kept")
-        self.condition(SUSPENDED, True, "Suspended", "spec.suspend is true")
-        self.condition(TRAINER_RUNNING, False, "Suspended")
-        self.condition(CLUSTER_READY, False, "Suspended")
+        self.condition(SUSPENDED, True, EventReason.SUSPENDED, "spec.suspend is true")
+        self.condition(TRAINER_RUNNING, False, EventReason.SUSPENDED)
+        self.condition(CLUSTER_READY, False, EventReason.SUSPENDED)
 
     def deadline_passed(self) -> bool:
         deadline = self.job.spec.active_deadline_seconds
@@ -269,15 +269,19 @@ class _Planner:
 
     def drive(self) -> None:
         if self.status.phase == Phase.SUSPENDED:
-            self.condition(SUSPENDED, False, "Resumed", "spec.suspend is false")
-            self.enter(Phase.PENDING, "resuming from the latest checkpoint", reason="Resumed")
+            self.condition(SUSPENDED, False, EventReason.RESUMED, "spec.suspend is false")
+            self.enter(
+                Phase.PENDING, "resuming from the latest checkpoint", reason=EventReason.RESUMED
+            )
         self.status.start_time = self.status.start_time or self.seen.now
         cluster = self.seen.cluster
         if cluster is None or cluster.deleting:
             self.status.submission_id = None  # no Ray job outlives its cluster
             self.act(ApplyCluster())
             if self.status.phase in (Phase.PENDING, Phase.PROVISIONING):
-                self.enter(Phase.PROVISIONING, "creating the RayCluster", reason="Provisioning")
+                self.enter(
+                    Phase.PROVISIONING, "creating the RayCluster", reason=EventReason.PROVISIONING
+                )
             self.condition(CLUSTER_READY, False, "Creating", "the RayCluster is being created")
             return
         if self.spec_changed:
@@ -314,7 +318,9 @@ class _Planner:
                     f"the RayCluster was not ready after {limit}s{detail}",
                 )
                 return
-            self.enter(Phase.PROVISIONING, f"waiting for Ray pods{detail}", reason="Provisioning")
+            self.enter(
+                Phase.PROVISIONING, f"waiting for Ray pods{detail}", reason=EventReason.PROVISIONING
+            )
             self.requeue(limit - waited)
             return
         # A recreated cluster: give it the recovery deadline, then recreate it again.
@@ -389,12 +395,12 @@ class _Planner:
             return
         if ray_job.status == "PENDING":
             # Ray is still setting the driver up: nothing of the trainer's to judge yet.
-            self.enter(Phase.RUNNING, "trainer starting", reason="Running")
+            self.enter(Phase.RUNNING, "trainer starting", reason=EventReason.RUNNING)
             self.condition(TRAINER_RUNNING, False, "Pending", ray_job.message)
             return
         if ray_job.status == "RUNNING":
             # Set first, so that a new condition's transition time marks when the driver started.
-            self.condition(TRAINER_RUNNING, True, "Running")
+            self.condition(TRAINER_RUNNING, True, EventReason.RUNNING)
             if self.trainer_unresponsive(ray_job):
                 return
             shortfall = self.elastic_shortfall()
@@ -402,10 +408,10 @@ class _Planner:
             message = self.progress_message()
             if shortfall:
                 message += f" (degraded: {shortfall})"
-            self.enter(Phase.RUNNING, message, reason="Running")
+            self.enter(Phase.RUNNING, message, reason=EventReason.RUNNING)
             return
         if ray_job.status == "SUCCEEDED":
-            self.finish(Phase.SUCCEEDED, "Succeeded", "training finished")
+            self.finish(Phase.SUCCEEDED, EventReason.SUCCEEDED, "training finished")
             return
         # FAILED, or STOPPED by someone else: the trainer is gone.
         summary = trainer_failure_summary(ray_job.message) or f"the Ray job is {ray_job.status}"
@@ -457,14 +463,18 @@ class _Planner:
 
     def show_degraded(self, shortfall: str) -> None:
         if shortfall:
-            if self.condition(DEGRADED, True, "BelowReplicas", shortfall):
+            if self.condition(DEGRADED, True, EventReason.BELOW_REPLICAS, shortfall):
                 self.event(
-                    "Warning", "Degraded", f"training goes on with fewer replicas: {shortfall}"
+                    "Warning",
+                    EventReason.DEGRADED,
+                    f"training goes on with fewer replicas: {shortfall}",
                 )
         elif any(c.type == DEGRADED for c in self.status.conditions) and self.condition(
-            DEGRADED, False, "AllReplicas", "every role has all its replicas"
+            DEGRADED, False, EventReason.ALL_REPLICAS, "every role has all its replicas"
         ):
-            self.event("Normal", "ReplicasRestored", "every role has all its replicas again")
+            self.event(
+                "Normal", EventReason.REPLICAS_RESTORED, "every role has all its replicas again"
+            )
 
     def trainer_unresponsive(self, ray_job: RayJobView) -> bool:
         """Hung (no heartbeat) or stalled (heartbeats, no progress): stop it and restart."""
@@ -545,8 +555,8 @@ class _Planner:
         self.act(SubmitRayJob(self.attempt_id(), resume=resume))
         self.status.submission_id = self.attempt_id()
         if self.status.phase != Phase.RUNNING:
-            self.enter(Phase.RUNNING, "trainer submitted", reason="Submitted")
-        self.condition(TRAINER_RUNNING, False, "Submitted", self.attempt_id())
+            self.enter(Phase.RUNNING, "trainer submitted", reason=EventReason.SUBMITTED)
+        self.condition(TRAINER_RUNNING, False, EventReason.SUBMITTED, self.attempt_id())
 
     def recreate_cluster(
         self, reason: RestartReason, message: str, last_alive: datetime | None

@@ -39,7 +39,7 @@ from rlhfjob.contract.lease import (
     EngineCount,
     LeaseReport,
 )
-from rlhfjob.contract.reasons import FailureReason, RestartReason
+from rlhfjob.contract.reasons import EventReason, FailureReason, RestartReason
 
 __all__ = [
     "DASHBOARD_ANNOTATION",
@@ -59,6 +59,7 @@ __all__ = [
     "LEASE_STEP_TIME",
     "LEASE_TOTAL_STEPS",
     "EngineCount",
+    "EventReason",
     "ExitCode",
     "ExitReason",
     "FailureReason",

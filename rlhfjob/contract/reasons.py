@@ -35,3 +35,20 @@ class FailureReason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     PROVISIONING_TIMEOUT = "ProvisioningTimeout"
     INVALID_SPEC = "InvalidSpec"
+
+
+class EventReason(StrEnum):
+    """The other reasons of the job's Events and conditions: its progress, not its failures."""
+
+    PROVISIONING = "Provisioning"
+    SUBMITTED = "Submitted"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    """Training resumed after a restart, or the job after `spec.suspend` was cleared."""
+    DEGRADED = "Degraded"
+    """An elastic role runs below its replica count (the condition's reason: BelowReplicas)."""
+    REPLICAS_RESTORED = "ReplicasRestored"
+    BELOW_REPLICAS = "BelowReplicas"
+    ALL_REPLICAS = "AllReplicas"
