@@ -132,6 +132,73 @@ def test_masked_entropy_averages_masked_in_positions_only() -> None:
     close(alg.masked_entropy(logits, torch.tensor([[0, 0]])), 0.0)
 
 
+def test_fused_next_token_logprobs_and_entropy_by_hand() -> None:
+    # Position 0 scores token 2 under softmax([0, 1, 2] / 0.5) = [0.015876, 0.117310, 0.866813]:
+    # log-prob -0.142931, entropy 0.441055 (as above). Position 1 is uniform over 3 tokens:
+    # log-prob ln(1/3) = -1.098612, entropy ln 3 = 1.098612. The last position scores nothing.
+    logits = torch.tensor([[[0.0, 1.0, 2.0], [5.0, 5.0, 5.0], [9.0, 0.0, 0.0]]])
+    ids = torch.tensor([[7, 2, 0]])
+    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, ids, temperature=0.5)
+    close(logprobs, [[-0.142931, -1.098612]])
+    close(entropy, [[0.441055, 1.098612]])
+
+
+def test_fused_next_token_logprobs_and_entropy_of_an_impossible_token() -> None:
+    # A -inf logit has probability 0: it adds nothing to the entropy (0 log 0 = 0), and its
+    # gradient is finite; an unfused log-softmax times its exp would give NaN.
+    logits = torch.tensor([[[0.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]]], requires_grad=True)
+    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    close(entropy, [[math.log(2)]])
+    close(logprobs, [[math.log(0.5)]])
+    (grad,) = torch.autograd.grad(logprobs.sum() + entropy.sum(), logits)
+    assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_elements", [1 << 28, 40])  # one chunk; one row per chunk
+def test_fused_next_token_logprobs_and_entropy_equal_the_unfused_forms_and_gradients(
+    temperature: float, chunk_elements: int
+) -> None:
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 6, 11, dtype=torch.float64, generator=generator, requires_grad=True)
+    ids = torch.randint(0, 11, (3, 6), generator=generator)
+    weights = torch.randn(2, 3, 5, dtype=torch.float64, generator=generator)
+
+    def objective(logprobs: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        return (logprobs * weights[0]).sum() + (entropy * weights[1]).sum()
+
+    fused = alg.next_token_logprobs_and_entropy(logits, ids, temperature, chunk_elements)
+    (fused_grad,) = torch.autograd.grad(objective(*fused), logits)
+    scores = logits[:, :-1].double() / temperature
+    log_p = torch.log_softmax(scores, dim=-1)
+    unfused = (
+        log_p.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1),
+        -(log_p.exp() * log_p).sum(-1),
+    )
+    (unfused_grad,) = torch.autograd.grad(objective(*unfused), logits)
+    for mine, theirs in zip((*fused, fused_grad), (*unfused, unfused_grad), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-12)
+    assert torch.all(fused_grad[:, -1] == 0)  # the last position scores nothing
+
+
+def test_fused_next_token_logprobs_and_entropy_of_bfloat16_logits() -> None:
+    # bf16 logits (a GPU model's output) are scored in float32, and the gradient is bf16.
+    logits = torch.randn(2, 4, 9, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    logits.requires_grad_(True)
+    ids = torch.tensor([[0, 3, 6, 8], [1, 1, 5, 2]])
+    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, ids)
+    assert logprobs.dtype == entropy.dtype == torch.float32
+    torch.testing.assert_close(logprobs, alg.logprobs_from_logits(logits[:, :-1], ids[:, 1:]))
+    torch.testing.assert_close(entropy, alg.token_entropy(logits[:, :-1]))
+    (grad,) = torch.autograd.grad(logprobs.sum(), logits)
+    assert grad.dtype == torch.bfloat16
+
+
+def test_fused_next_token_logprobs_and_entropy_names_bad_shapes() -> None:
+    with pytest.raises(ValueError, match=r"logits must be \[B, L, V\]"):
+        alg.next_token_logprobs_and_entropy(torch.zeros(4, 9), torch.zeros(4, dtype=torch.long))
+
+
 # -------------------------------------------------------------------------------------- KL
 
 

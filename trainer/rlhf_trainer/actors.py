@@ -216,9 +216,8 @@ def _sequence_logprobs(
     with torch.no_grad():
         for micro in batch.micro_batches(micro_batch_size):
             logits = engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
-            parts.append(
-                alg.logprobs_from_logits(logits[:, :-1], micro.input_ids[:, 1:], temperature)
-            )
+            logprobs, _ = alg.next_token_logprobs_and_entropy(logits, micro.input_ids, temperature)
+            parts.append(logprobs.float())
     return torch.cat(parts).cpu()
 
 
@@ -233,13 +232,13 @@ class PolicyWorker(ZeroWorker):
     """This rank's own rollout engine when the rollout is colocated (`rlhf_trainer.colocated`)."""
 
     def _build(self, total_optimizer_steps: int) -> None:
-        model = build_causal_lm(self.spec.model, self.seed, self.dtype)
+        model = build_causal_lm(self.spec.model, self.seed, self.dtype, self._config(True))
         self.engine = self._training_engine(
             model, self.spec.algorithm.policy_learning_rate, total_optimizer_steps
         )
         self.reference = None
         if self.spec.roles.reference is None and self.spec.algorithm.kl_coef > 0:
-            ref = build_reference(self.spec.model, self.seed, self.dtype)
+            ref = build_reference(self.spec.model, self.seed, self.dtype, self._config(False))
             self.reference = self._inference_engine(ref)
         if self.spec.roles.rollout.colocated:
             # Built last, so vLLM sizes its KV cache from what the trainer leaves free.
@@ -321,10 +320,11 @@ class PolicyWorker(ZeroWorker):
                 tokens = float(micro.action_mask.sum())
                 logits = self.engine(
                     input_ids=micro.input_ids, attention_mask=micro.attention_mask
-                ).logits[:, :-1]
-                logprobs = alg.logprobs_from_logits(
-                    logits, micro.input_ids[:, 1:], algorithm.temperature
+                ).logits
+                logprobs, entropies = alg.next_token_logprobs_and_entropy(
+                    logits, micro.input_ids, algorithm.temperature
                 )
+                del logits  # the fused loss keeps what its backward pass needs
                 mask = micro.action_mask
                 policy = alg.clipped_policy_loss(
                     logprobs,
@@ -345,8 +345,9 @@ class PolicyWorker(ZeroWorker):
                     )
                     loss = loss + algorithm.kl_coef * kl
                     terms["kl_loss"] = kl
-                with torch.set_grad_enabled(algorithm.entropy_coef > 0):
-                    entropy = alg.masked_entropy(logits, mask, algorithm.temperature)
+                entropy = alg.masked_mean(
+                    entropies if algorithm.entropy_coef > 0 else entropies.detach(), mask
+                )
                 if algorithm.entropy_coef > 0:
                     loss = loss - algorithm.entropy_coef * entropy
                 terms["entropy"] = entropy
@@ -445,7 +446,7 @@ class ReferenceWorker(ZeroWorker):
     def _build(self, total_optimizer_steps: int) -> None:
         del total_optimizer_steps
         self.reference = self._inference_engine(
-            build_reference(self.spec.model, self.seed, self.dtype)
+            build_reference(self.spec.model, self.seed, self.dtype, self._config(False))
         )
 
     def reference_logprobs(self, batch: Batch) -> Tensor:
@@ -467,7 +468,7 @@ class CriticWorker(ZeroWorker):
     """A critic rank (PPO): per-token values and the clipped value-regression update."""
 
     def _build(self, total_optimizer_steps: int) -> None:
-        model = build_critic(self.spec.model, self.seed, self.dtype)
+        model = build_critic(self.spec.model, self.seed, self.dtype, self._config(True))
         self.engine = self._training_engine(
             model, self.spec.algorithm.critic_learning_rate, total_optimizer_steps
         )
@@ -526,8 +527,8 @@ class WorkerGroup:
     Each rank is a Ray actor that requests one unit of the role's custom resource (and one GPU
     when the role has GPUs), so it lands on the role's node pool. Construction starts the ranks
     and returns; `wait_ready` waits for them, so several groups can start side by side. With
-    `detached`, the ranks are named (`rank_name`) and outlive the driver, and `adopt` finds them
-    again from the next driver (see `rlhf_trainer.adoption`).
+    `detached`, the ranks are named (`rank_name`) and outlive the driver, and the next driver
+    adopts them (`rlhf_trainer.startup.adopt_group`, `of_actors`; see `rlhf_trainer.adoption`).
     """
 
     def __init__(
@@ -572,39 +573,19 @@ class WorkerGroup:
         self._setup: list[Any] = []
 
     @classmethod
-    def adopt(
+    def of_actors(
         cls,
         spec: RLHFJobSpec,
         role: str,
         role_spec: RoleSpec,
-        timeout_s: float,
+        actors: list[Any],
         setup_timeout_s: float = 600.0,
-    ) -> WorkerGroup | None:
-        """The role's ranks left by a previous driver, if every one exists, is set up for this
-        spec and answers `ZeroWorker.ping` within `timeout_s`; otherwise None."""
-        import ray
-        from ray.exceptions import RayError
-
+    ) -> WorkerGroup:
+        """A handle on ranks that run already, set up (adopted ones: `rlhf_trainer.startup`)."""
         group = cls.__new__(cls)
         group._init(spec, role, role_spec, setup_timeout_s)
-        try:
-            group.actors = [ray.get_actor(rank_name(role, r)) for r in range(group.world_size)]
-        except ValueError:  # a rank is missing
-            return None
-        refs = [actor.ping.remote() for actor in group.actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if len(ready) < len(refs):
-            return None
-        try:
-            answers = ray.get(refs)
-        except RayError:
-            return None
-        digest = spec_digest(spec_json(spec))
-        expected = [
-            {"spec": digest, "rank": rank, "world_size": group.world_size, "ready": True}
-            for rank in range(group.world_size)
-        ]
-        return group if answers == expected else None
+        group.actors = list(actors)
+        return group
 
     def wait_ready(self) -> WorkerGroup:
         """Block until every rank has joined the group and built its engines."""

@@ -117,6 +117,123 @@ def masked_entropy(logits: Tensor, mask: Tensor, temperature: float = 1.0) -> Te
     return masked_mean(token_entropy(logits, temperature), mask)
 
 
+CHUNK_ELEMENTS = 1 << 28
+"""`next_token_logprobs_and_entropy` works on this many logits at a time (1 GiB of float32)."""
+
+
+def next_token_logprobs_and_entropy(
+    logits: Tensor,
+    input_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """Log-prob of every next token and the entropy at every position of a causal LM's output.
+
+    ``logits`` is the model's ``[B, L, V]`` output and ``input_ids`` its ``[B, L]`` input;
+    both results are ``[B, L - 1]`` (position ``t`` scores ``input_ids[:, t + 1]``), of
+    ``softmax(logits / temperature)``. The same values as `logprobs_from_logits` and
+    `token_entropy` on ``logits[:, :-1]``, but in one fused pass: the vocabulary is never held
+    in float32 for the whole batch (only `chunk_elements` of it at a time, recomputed in the
+    backward pass), and the gradient is written straight into one buffer shaped like
+    ``logits``. On a 151,936-token vocabulary the unfused forms spent a large share of a policy
+    update materialising copies of the logits (`BENCHMARKS.md`, policy update).
+    """
+    if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"logits must be [B, L, V] and input_ids [B, L]; got {tuple(logits.shape)} "
+            f"and {tuple(input_ids.shape)}"
+        )
+    result = _NextTokenLogprobsAndEntropy.apply(
+        logits, input_ids, float(temperature), int(chunk_elements)
+    )
+    return result[0], result[1]
+
+
+def _chunks(logits: Tensor, chunk_elements: int) -> list[slice]:
+    """Row ranges of ``logits`` ``[B, L, V]`` of at most `chunk_elements` (at least one row)."""
+    per_row = max(1, logits.shape[1] * logits.shape[2])
+    rows = max(1, chunk_elements // per_row)
+    return [slice(start, start + rows) for start in range(0, logits.shape[0], rows)]
+
+
+def _scaled(chunk: Tensor, temperature: float) -> Tensor:
+    """``chunk / temperature`` as a new tensor of at least float32 (the caller works in place)."""
+    scaled = chunk.to(torch.promote_types(chunk.dtype, torch.float32), copy=True)
+    return scaled.div_(temperature) if temperature != 1.0 else scaled
+
+
+def _log_softmax_(scaled: Tensor, lse: Tensor) -> Tensor:
+    """In place: ``scaled - lse``, with ``-inf`` clamped to the dtype's minimum so that
+    ``0 * log 0`` is 0 rather than NaN."""
+    return scaled.sub_(lse.unsqueeze(-1)).clamp_(min=torch.finfo(scaled.dtype).min)
+
+
+class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
+    """Forward and backward of `next_token_logprobs_and_entropy`, chunk by chunk.
+
+    With ``p = softmax(x)``, ``x = logits / T`` and entropy ``H = -sum p log p``:
+    ``d log p_y / dx = onehot(y) - p`` and ``dH / dx = -p (log p + H)``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: Tensor,
+        input_ids: Tensor,
+        temperature: float,
+        chunk_elements: int,
+    ) -> tuple[Tensor, Tensor]:
+        scores, targets = logits[:, :-1], input_ids[:, 1:].long().unsqueeze(-1)
+        shape = scores.shape[:2]
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        chosen = torch.empty(shape, dtype=dtype, device=logits.device)
+        entropy = torch.empty_like(chosen)
+        lse = torch.empty_like(chosen)
+        for rows in _chunks(scores, chunk_elements):
+            scaled = _scaled(scores[rows], temperature)
+            lse[rows] = torch.logsumexp(scaled, dim=-1)
+            log_p = _log_softmax_(scaled, lse[rows])
+            chosen[rows] = log_p.gather(-1, targets[rows]).squeeze(-1)
+            # sum_v p log p as a batched dot product: no third vocabulary-sized tensor.
+            entropy[rows] = -torch.einsum("blv,blv->bl", log_p.exp(), log_p)
+        ctx.save_for_backward(logits, input_ids, lse, entropy)
+        ctx.temperature, ctx.chunk_elements = temperature, chunk_elements  # type: ignore[attr-defined]
+        ctx.set_materialize_grads(False)
+        return chosen, entropy
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_chosen: Tensor | None,
+        grad_entropy: Tensor | None,
+    ) -> tuple[Tensor | None, None, None, None]:
+        logits, input_ids, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
+        temperature: float = ctx.temperature  # type: ignore[attr-defined]
+        grad = torch.zeros_like(logits)  # the last position scores nothing
+        if grad_chosen is None and grad_entropy is None:
+            return grad, None, None, None
+        scores, targets = logits[:, :-1], input_ids[:, 1:].long().unsqueeze(-1)
+        for rows in _chunks(scores, ctx.chunk_elements):  # type: ignore[attr-defined]
+            log_p = _log_softmax_(_scaled(scores[rows], temperature), lse[rows])
+            p = log_p.exp()
+            # d/dx = -p * (g_y + g_H (log p + H)) + onehot(y) g_y, built in place in log_p.
+            if grad_entropy is not None:
+                g_h = grad_entropy[rows].to(log_p.dtype).unsqueeze(-1)
+                dx = log_p.add_(entropy[rows].unsqueeze(-1)).mul_(g_h)
+            else:
+                dx = log_p.zero_()
+            if grad_chosen is not None:
+                g_y = grad_chosen[rows].to(log_p.dtype).unsqueeze(-1)
+                dx.add_(g_y)
+            dx.mul_(p).neg_()
+            if grad_chosen is not None:
+                dx.scatter_add_(-1, targets[rows], g_y)
+            if temperature != 1.0:
+                dx.div_(temperature)
+            grad[rows, :-1] = dx
+        return grad, None, None, None
+
+
 # --------------------------------------------------------------------------------------------
 # KL to the reference policy
 # --------------------------------------------------------------------------------------------
