@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from rlhf_trainer.engines import HFEngine, ModelSource  # noqa: E402
 from rlhf_trainer.models import build_causal_lm, build_critic, build_reference  # noqa: E402
@@ -44,3 +52,87 @@ def test_random_init_is_drawn_in_float32_then_cast() -> None:
     half = dict(build_causal_lm(spec.model, 3, torch.bfloat16).named_parameters())
     assert all(half[name].dtype == torch.bfloat16 for name in half)
     assert all(torch.equal(full[name].to(torch.bfloat16), half[name]) for name in full)
+
+
+def _partitioned_loading_process(directory: str, results: Any) -> None:
+    """A one-rank gloo group: load `directory` under ZeRO-3 and under ZeRO-2, report what came."""
+    import deepspeed
+
+    from rlhf_trainer.zero import deepspeed_config
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    spec = load_job(EXAMPLE).spec
+    saved = dict(AutoModelForCausalLM.from_pretrained(directory).named_parameters())
+    pretrained_spec = spec.model.model_copy(update={"random_init": None, "policy": directory})
+
+    def config(stage: int) -> dict[str, Any]:
+        return deepspeed_config(
+            spec.algorithm, accumulation_steps=1, bf16=False, on_gpu=False, stage=stage
+        )
+
+    model = build_causal_lm(pretrained_spec, 0, zero=config(3))
+    partitioned = all(
+        hasattr(p, "ds_id") and p.numel() == 0 for p in model.parameters()
+    )  # built partitioned: nothing whole, even before deepspeed.initialize
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        gathered = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ordinary_after = not any(
+        hasattr(p, "ds_id") for p in build_causal_lm(pretrained_spec, 0).parameters()
+    )
+    below_zero3 = not any(
+        hasattr(p, "ds_id")
+        for p in build_causal_lm(pretrained_spec, 0, zero=config(2)).parameters()
+    )
+    random = build_causal_lm(spec.model, 0, zero=config(3))  # random weights: always whole
+    results.put(
+        {
+            "partitioned": partitioned,
+            "equal": gathered.keys() == saved.keys()
+            and all(torch.equal(gathered[n], saved[n]) for n in saved),
+            "ordinary_after": ordinary_after,
+            "below_zero3": below_zero3,
+            "random_whole": not any(hasattr(p, "ds_id") for p in random.parameters()),
+        }
+    )
+
+
+def _in_a_process(target: Any, *args: Any, timeout_s: float = 300) -> Any:
+    """Run ``target(*args, queue)`` in a fresh process (its own process group) and return
+    what it puts on the queue; fail at once if the process dies without answering."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=target, args=(*args, results))
+    process.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                return results.get(timeout=1)
+            except queue.Empty:
+                assert process.is_alive(), f"the process died (exit code {process.exitcode})"
+                assert time.monotonic() < deadline, "the process did not answer in time"
+    finally:
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+
+
+@pytest.mark.slow
+def test_a_saved_checkpoint_loads_partitioned_under_zero3(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    spec = load_job(EXAMPLE).spec
+    build_causal_lm(spec.model, 11).save_pretrained(tmp_path / "policy")
+    outcome = _in_a_process(_partitioned_loading_process, str(tmp_path / "policy"))
+    assert outcome == {
+        "partitioned": True,
+        "equal": True,
+        "ordinary_after": True,
+        "below_zero3": True,
+        "random_whole": True,
+    }

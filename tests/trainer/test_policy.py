@@ -61,7 +61,7 @@ def local_ray():
     ray.init(
         num_cpus=2,
         resources={
-            ray_resource("trainer"): 2,
+            ray_resource("trainer"): 4,  # the shared group, and one loaded from a checkpoint
             ray_resource("reference"): 1,
             ray_resource("critic"): 1,
         },
@@ -158,6 +158,31 @@ def test_logprobs_match_a_plain_forward_and_an_update_matches_plain_adamw(group,
         assert not torch.equal(updated[name], before[name]), name
         # Steps are ~lr = 1e-2; Adam magnifies rounding where a gradient is near zero.
         torch.testing.assert_close(updated[name], tensor.detach(), atol=3e-4, rtol=0)
+
+
+def test_ranks_load_a_saved_checkpoint_partitioned(local_ray, spec, tmp_path):
+    # Another seed than the job's, so equal weights mean the checkpoint was read.
+    saved = build_causal_lm(spec.model, spec.algorithm.seed + 21)
+    saved.save_pretrained(tmp_path / "policy")
+    model = spec.model.model_copy(update={"random_init": None, "policy": str(tmp_path / "policy")})
+    loaded_spec = spec.model_copy(update={"model": model})
+    workers = WorkerGroup(PolicyWorker, loaded_spec, "trainer", spec.roles.trainer, 10)
+    try:
+        workers.wait_ready()
+        total = sum(p.numel() for p in saved.parameters())
+        assert all(0 < count < total for count in workers.call("local_parameter_count"))
+        gathered = workers.call("state_dict")[0]
+        expected = dict(saved.named_parameters())
+        assert gathered.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert torch.equal(gathered[name], tensor.detach()), name
+        batch = sample_batch(spec)
+        got = workers.call_sharded("logprobs", ray.put(batch))
+        want = plain_logprobs(saved, batch, spec.algorithm.temperature).detach()
+        mask = batch.action_mask.bool()
+        torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
+    finally:
+        workers.shutdown()
 
 
 def test_the_reference_role_gives_the_initial_models_logprobs(local_ray, spec):

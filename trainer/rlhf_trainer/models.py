@@ -6,15 +6,22 @@ seeded generator, so every trainer rank, the reference and the critic start from
 weights. The critic is the policy's transformer backbone with a fresh scalar value head.
 `causal_lm` is the one builder: the HF rollout engine (`engines.ModelSource.build`) uses it too,
 so an engine built from the same seed holds the trainer's initial weights.
+
+Given a ZeRO-3 DeepSpeed config (`zero`), a saved checkpoint is loaded partitioned from the start
+(`zero.partitioned_loading`): no rank holds the whole model. Random weights are always drawn
+whole, on the CPU, in float32, because their values must depend on the seed alone, not on how
+many ranks share the model; they are for tests and benchmarks, where models are small.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from rlhf_trainer.zero import partitioned_loading
 from rlhfjob.api import ModelSpec
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -46,8 +53,20 @@ def model_config(spec: ModelSpec) -> Any:
     return AutoConfig.from_pretrained(spec.policy)
 
 
+def pretrained(
+    loader: Any, path: str, dtype: torch.dtype, zero: dict[str, Any] | None = None
+) -> nn.Module:
+    """``loader.from_pretrained(path)`` in `dtype`, partitioned under a ZeRO-3 `zero` config."""
+    with partitioned_loading(zero) if zero is not None else contextlib.nullcontext():
+        return cast(nn.Module, loader.from_pretrained(path, dtype=dtype))
+
+
 def causal_lm(
-    path: str | None, config: dict[str, Any] | None, seed: int, dtype: torch.dtype = torch.float32
+    path: str | None,
+    config: dict[str, Any] | None,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    zero: dict[str, Any] | None = None,
 ) -> nn.Module:
     """A causal LM: pretrained weights from `path`, or random ones from the HF `config` dict.
 
@@ -59,27 +78,37 @@ def causal_lm(
 
     if config is None:
         assert path is not None
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return pretrained(AutoModelForCausalLM, path, dtype, zero)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(hf_config(config))
     return model.to(dtype)
 
 
-def build_causal_lm(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+def build_causal_lm(
+    spec: ModelSpec,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    zero: dict[str, Any] | None = None,
+) -> nn.Module:
     """The policy network: pretrained weights, or random ones that depend only on `seed`."""
-    return causal_lm(spec.policy, spec.random_init, seed, dtype)
+    return causal_lm(spec.policy, spec.random_init, seed, dtype, zero)
 
 
-def build_reference(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+def build_reference(
+    spec: ModelSpec,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    zero: dict[str, Any] | None = None,
+) -> nn.Module:
     """The frozen reference: `spec.model.reference`, else the policy's initial weights."""
     from transformers import AutoModelForCausalLM
 
     model: nn.Module
     if spec.reference is not None:
-        model = AutoModelForCausalLM.from_pretrained(spec.reference, dtype=dtype)
+        model = pretrained(AutoModelForCausalLM, spec.reference, dtype, zero)
     else:
-        model = build_causal_lm(spec, seed, dtype)
+        model = build_causal_lm(spec, seed, dtype, zero)
     model.requires_grad_(False)
     return model
 
@@ -103,13 +132,20 @@ class CriticModel(nn.Module):
         return self.value_head(hidden.last_hidden_state).squeeze(-1).float()
 
 
-def build_critic(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> CriticModel:
-    """The critic: the policy's backbone (or `spec.model.critic`'s) plus a fresh value head."""
+def build_critic(
+    spec: ModelSpec,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    zero: dict[str, Any] | None = None,
+) -> CriticModel:
+    """The critic: the policy's backbone (or `spec.model.critic`'s) plus a fresh value head
+    (built whole; DeepSpeed partitions it with the rest)."""
     from transformers import AutoModel
 
     source = spec.critic or spec.policy
+    backbone: Any
     if source is not None:
-        backbone = AutoModel.from_pretrained(source, dtype=dtype)
+        backbone = pretrained(AutoModel, source, dtype, zero)
     else:
         # The same seed as the policy, so the backbone starts from the policy's random weights.
         causal_lm = build_causal_lm(spec, seed, dtype)

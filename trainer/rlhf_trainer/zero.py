@@ -19,9 +19,10 @@ CPU notes (the same code runs on GPUs):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rlhfjob.api import AlgorithmSpec
@@ -71,6 +72,29 @@ def deepspeed_config(
         config["gradient_clipping"] = algorithm.max_grad_norm
         config["zero_allow_untested_optimizer"] = True
     return config
+
+
+@contextlib.contextmanager
+def partitioned_loading(config: dict[str, Any]) -> Iterator[None]:
+    """Under a ZeRO-3 `config`, Hugging Face models loaded inside this block are built
+    partitioned from the start: transformers constructs them under ``deepspeed.zero.Init`` and
+    copies each checkpoint tensor into its partitions as it reads it, so no rank ever holds a
+    full copy of the model. Below ZeRO-3 the block changes nothing.
+
+    transformers looks for a live ``HfDeepSpeedConfig`` (through a weak reference); the block
+    keeps one alive and removes it on exit, so models built afterwards are ordinary again.
+    """
+    if config["zero_optimization"]["stage"] != 3:
+        yield
+        return
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    marker = HfDeepSpeedConfig(config)
+    try:
+        yield
+    finally:
+        del marker
+        unset_hf_deepspeed_config()
 
 
 def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
