@@ -741,18 +741,10 @@ class EngineLauncher:
 
 
 def create_rollout_engines(
-    spec: RolloutRoleSpec,
-    model: ModelSource,
-    count: int | None = None,
-    *,
-    seed: int = 0,
-    enforce_eager: bool = False,
-    max_model_len: int | None = None,
-    num_cpus: float | None = None,
-    num_gpus: float | None = None,
-    engine_options: dict[str, Any] | None = None,
+    spec: RolloutRoleSpec, model: ModelSource, count: int | None = None, **options: Any
 ) -> list[Any]:
-    """Start `count` rollout engines as Ray actors on the rollout pool (see `EngineLauncher`).
+    """Start `count` rollout engines as Ray actors on the rollout pool, each by an
+    ``EngineLauncher(spec, model, **options)`` (its keyword options: seed, GPUs, ...).
 
     `count` defaults to every slot of the role (``replicas`` x engines per replica).
     Construction is asynchronous: ``ray.get`` any method (e.g. ``policy_version``) to wait
@@ -760,19 +752,8 @@ def create_rollout_engines(
     """
     from rlhf_trainer.topology import role_ranks
 
-    if count is None:
-        count = role_ranks(spec)
-    launcher = EngineLauncher(
-        spec,
-        model,
-        seed=seed,
-        enforce_eager=enforce_eager,
-        max_model_len=max_model_len,
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        engine_options=engine_options,
-    )
-    return [launcher.start(index) for index in range(count)]
+    launcher = EngineLauncher(spec, model, **options)
+    return [launcher.start(index) for index in range(role_ranks(spec) if count is None else count)]
 
 
 if TYPE_CHECKING:  # mypy: both engines implement the protocol
