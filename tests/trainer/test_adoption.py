@@ -21,6 +21,7 @@ from rlhf_trainer.adoption import (
     spec_json,
 )
 from rlhf_trainer.engines import engine_id_from_name, engine_name
+from rlhf_trainer.startup import adopt, adopt_group, engine_launcher
 from rlhfjob.api import ray_resource
 from rlhfjob.config import load_job
 from rlhfjob.contract import ENV_JOB_NAME, ENV_JOB_NAMESPACE
@@ -130,17 +131,17 @@ def test_ranks_are_adopted_only_when_all_answer_for_the_same_spec(ray_namespace_
     group = WorkerGroup(stand_in_rank(), spec, "trainer", role, 1, detached=True).wait_ready()
     try:
         assert sorted(ray.util.list_named_actors()) == ["trainer-rank-0", "trainer-rank-1"]
-        adopted = WorkerGroup.adopt(spec, "trainer", role, timeout_s=30)
+        adopted = adopt_group(spec, "trainer", role, timeout_s=30)
         assert adopted is not None
         assert [a._actor_id for a in adopted.actors] == [a._actor_id for a in group.actors]
 
         other = spec.model_copy(update={"image": "ghcr.io/rlhfjob/trainer:0.2.0"})
-        assert WorkerGroup.adopt(other, "trainer", role, timeout_s=30) is None
-        assert WorkerGroup.adopt(spec, "reference", role, timeout_s=30) is None  # none there
+        assert adopt_group(other, "trainer", role, timeout_s=30) is None
+        assert adopt_group(spec, "reference", role, timeout_s=30) is None  # none there
 
         group.actors[1].busy.remote()  # e.g. still in a collective of the dead driver
         started = time.monotonic()
-        assert WorkerGroup.adopt(spec, "trainer", role, timeout_s=1) is None
+        assert adopt_group(spec, "trainer", role, timeout_s=1) is None
         assert time.monotonic() - started < 10
     finally:
         assert kill_job_actors() == 2
@@ -156,6 +157,72 @@ def test_a_missing_rank_means_a_cold_start(ray_namespace_of_a_job):
     try:
         ray.kill(group.actors[0], no_restart=True)
         wait_for(lambda: "trainer-rank-0" not in ray.util.list_named_actors(), 30, "rank 0 gone")
-        assert WorkerGroup.adopt(spec, "trainer", role, timeout_s=30) is None
+        assert adopt_group(spec, "trainer", role, timeout_s=30) is None
     finally:
         kill_job_actors()
+
+
+def stand_in_engine() -> Any:
+    """A rollout engine actor that answers `ping` with a given tag, or is kept busy."""
+    import ray
+
+    class StandInEngine:
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def ping(self) -> str:
+            return self.tag
+
+        def busy(self) -> None:
+            threading.Event().wait()  # until the actor is killed
+
+    return ray.remote(num_cpus=0)(StandInEngine)
+
+
+@pytest.mark.slow
+def test_a_resumed_driver_adopts_the_ranks_and_the_engines_of_its_spec(ray_namespace_of_a_job):
+    ray = ray_namespace_of_a_job
+    spec = load_job(EXAMPLE).spec  # two trainer ranks, two rollout engines desired
+    launcher = engine_launcher(spec, detached=True)
+    assert launcher is not None
+    group = WorkerGroup(stand_in_rank(), spec, "trainer", spec.roles.trainer, 1, detached=True)
+    group.wait_ready()
+    engine = stand_in_engine()
+    tags = {0: "stale", 1: launcher.tag, 3: launcher.tag}
+    engines = {
+        i: engine.options(name=engine_name(i), lifetime="detached").remote(tag)
+        for i, tag in tags.items()
+    }
+    ray.get([actor.ping.remote() for actor in engines.values()])
+    engines[3].busy.remote()  # still finishing a generation of the dead driver
+    lines: list[str] = []
+    try:
+        adopted = adopt(spec, launcher, total_steps=4, timeout_s=1, log=lines.append)
+        assert adopted is not None and adopted.engines is not None
+        assert [a._actor_id for a in adopted.groups.all()[0].actors] == [
+            a._actor_id for a in group.actors
+        ]
+        assert adopted.groups.reference is None and adopted.groups.critic is None
+        assert sorted(adopted.engines.actors) == [1, 3]  # the stale one goes
+        assert (adopted.engines.answered, adopted.engines.next_id) == (1, 4)
+        assert adopted.count == 4
+        assert lines == ["adopting 4 actors from the previous attempt"]
+        wait_for(lambda: engine_name(0) not in ray.util.list_named_actors(), 30, "engine 0 gone")
+    finally:
+        kill_job_actors()
+
+
+@pytest.mark.slow
+def test_nothing_is_adopted_when_a_group_is_missing(ray_namespace_of_a_job):
+    ray = ray_namespace_of_a_job
+    ppo = load_job(EXAMPLE.with_name("ppo-tiny-cpu.yaml")).spec  # needs a critic group too
+    launcher = engine_launcher(ppo, detached=True)
+    WorkerGroup(stand_in_rank(), ppo, "trainer", ppo.roles.trainer, 1, detached=True).wait_ready()
+    lines: list[str] = []
+    try:
+        assert adopt(ppo, launcher, total_steps=4, timeout_s=1, log=lines.append) is None
+        assert lines == ["the previous attempt's critic ranks are missing or do not answer"]
+    finally:
+        kill_job_actors()
+    assert ray.util.list_named_actors() == []
+    assert adopt(ppo, launcher, total_steps=4, timeout_s=1, log=print) is None  # nothing there

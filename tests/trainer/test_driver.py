@@ -360,7 +360,9 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
 
     for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
         monkeypatch.setenv(key, RAY_ENV[key])
-    ray.init(address=ray_address, namespace=ray_namespace(load_job(job)), log_to_driver=False)
+    ray.init(
+        address=ray_address, namespace=ray_namespace(load_job(job), os.environ), log_to_driver=False
+    )
     try:
         os.kill(ray.get(ray.get_actor("rollout-engine-1").pid.remote()), signal.SIGKILL)
         replacing = "starting rollout engine 2"

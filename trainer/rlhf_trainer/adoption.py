@@ -19,10 +19,9 @@ This module imports only the standard library and `rlhfjob` (the driver uses it 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from rlhfjob import contract
 from rlhfjob.api import RLHFJob, RLHFJobSpec
@@ -44,14 +43,20 @@ def spec_digest(json_text: str) -> str:
     return hashlib.sha256(json_text.encode()).hexdigest()[:12]
 
 
-def ray_namespace(job: RLHFJob, environ: dict[str, str] | None = None) -> str:
+def ray_namespace(job: RLHFJob, environ: Mapping[str, str]) -> str:
     """The Ray namespace of one job and spec: ``rlhfjob-<namespace>-<name>-<spec digest>``.
 
-    The job is named by ``$RLHF_JOB_NAMESPACE``/``$RLHF_JOB_NAME`` under the operator, else by
-    its checkpoint directory (a local run), so two runs never share actors.
+    The job is named by ``$RLHF_JOB_NAMESPACE``/``$RLHF_JOB_NAME`` of `environ` (a pod
+    environment, `contract.PodEnv`); see `namespace_of`.
     """
-    env = os.environ if environ is None else environ
-    name, namespace = env.get(contract.ENV_JOB_NAME), env.get(contract.ENV_JOB_NAMESPACE)
+    pod = contract.PodEnv.from_env(environ)
+    return namespace_of(job, pod.job_name, pod.job_namespace)
+
+
+def namespace_of(job: RLHFJob, job_name: str | None, job_namespace: str | None) -> str:
+    """The Ray namespace of one job and spec, named by the operator's job name and namespace,
+    else (a local run) by its checkpoint directory, so two runs never share actors."""
+    name, namespace = job_name, job_namespace
     base = f"{namespace}-{name}" if name and namespace else str(contract.checkpoint_dir(job))
     base = re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")
     digest = spec_digest(spec_json(job.spec))
@@ -59,9 +64,9 @@ def ray_namespace(job: RLHFJob, environ: dict[str, str] | None = None) -> str:
     return f"{_NAMESPACE_PREFIX}{base[-room:].lstrip('-')}-{digest}"
 
 
-def adoption_timeout_s(environ: dict[str, str] | None = None) -> float:
+def adoption_timeout_s(environ: Mapping[str, str]) -> float:
     """How long adoption waits for every actor to answer (``$RLHF_ADOPT_TIMEOUT_S``)."""
-    value = (os.environ if environ is None else environ).get(ENV_ADOPT_TIMEOUT)
+    value = environ.get(ENV_ADOPT_TIMEOUT)
     return float(value) if value else DEFAULT_ADOPT_TIMEOUT_S
 
 

@@ -1,9 +1,10 @@
 """The trainer driver: `rlhfjob train --config job.yaml [--resume-from PATH|latest]`.
 
 This is also the Ray job entrypoint the operator submits (the job file then comes from
-`$RLHF_JOB_CONFIG`). The process around the training loop (`rlhf_trainer.loop`): it connects to
-Ray (`RAY_ADDRESS`, or a local Ray advertising the custom resources of the job's roles) in the
-job's own Ray namespace, handles signals, and reports how it ended.
+`$RLHF_JOB_CONFIG`). The process around the training loop (`rlhf_trainer.loop`): it reads its
+environment and command line once (`rlhf_trainer.context.RunContext`), connects to Ray
+(`RAY_ADDRESS`, or a local Ray advertising the custom resources of the job's roles) in the job's
+own Ray namespace, handles signals, and reports how it ended.
 
 Actors outlive a driver that is killed outright, and the next driver of the same job and spec
 resuming from a checkpoint adopts them (`rlhf_trainer.adoption`): a warm in-place restart takes
@@ -34,6 +35,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from rlhf_trainer.context import ENV_METRICS_PORT, RunContext
 from rlhfjob import contract
 from rlhfjob.api import RLHFJob, RLHFJobSpec, ray_resource
 from rlhfjob.config import InvalidJobError, load_job
@@ -44,10 +46,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rlhf_trainer.driver")
 
 ExitCode = contract.ExitCode
-ENV_METRICS_PORT = "RLHF_TRAINER_METRICS_PORT"
-"""Port of the driver's Prometheus endpoint (unset: no endpoint)."""
-ENV_ACTOR_LOGS = "RLHF_ACTOR_LOGS"
-"""Set to 1 to forward the actors' own logs (DeepSpeed's, mostly) to the driver's output."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,19 +87,17 @@ def local_ray_resources(spec: RLHFJobSpec) -> dict[str, float]:
     }
 
 
-def connect_ray(job: RLHFJob) -> bool:
+def connect_ray(job: RLHFJob, context: RunContext) -> bool:
     """Join the cluster at `RAY_ADDRESS`, or start a local Ray; True when this started it.
 
-    The driver works in its job's Ray namespace (`rlhf_trainer.adoption.ray_namespace`), where
-    its named actors live and where a restarted driver finds them.
+    The driver works in its job's Ray namespace (`RunContext.ray_namespace`), where its named
+    actors live and where a restarted driver finds them.
     """
     import ray
 
-    from rlhf_trainer.adoption import ray_namespace
-
-    log_to_driver = os.environ.get(ENV_ACTOR_LOGS) == "1"
-    namespace = ray_namespace(job)
-    if os.environ.get("RAY_ADDRESS"):
+    log_to_driver = context.actor_logs
+    namespace = context.ray_namespace(job)
+    if context.ray_address:
         ray.init(namespace=namespace, log_to_driver=log_to_driver)
         return False
     ray.init(
@@ -123,13 +119,16 @@ def final_status(code: ExitCode, message: str) -> str:
     return contract.FinalStatus.of(code, message).format()
 
 
-def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None = None) -> int:
+def train(job: RLHFJob, context: RunContext | None = None) -> int:
     """Run one training job; returns the process exit code."""
     import ray
 
     from rlhf_trainer.adoption import kill_job_actors
-    from rlhf_trainer.loop import NonRetryableError, Trainer, load_inputs
+    from rlhf_trainer.loop import Trainer
     from rlhf_trainer.metrics import serve_metrics
+    from rlhf_trainer.startup import NonRetryableError, load_inputs
+
+    context = context if context is not None else RunContext()
 
     stop = StopSignal()
     code, message = ExitCode.FAILED, "unexpected error"
@@ -137,11 +136,11 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
     trainer: Trainer | None = None
     try:
         inputs = load_inputs(job.spec, check_model=False)  # the Trainer checks it if it must
-        started_ray = connect_ray(job)
+        started_ray = connect_ray(job, context)
         stop.install()  # after ray.init, which installs a SIGTERM handler that just exits
-        trainer = Trainer(job, inputs, stop.requested, resume_from)
-        if metrics_port is not None:
-            serve_metrics(trainer.metrics.registry, metrics_port)
+        trainer = Trainer(job, inputs, stop.requested, context)
+        if context.metrics_port is not None:
+            serve_metrics(trainer.metrics.registry, context.metrics_port)
         trainer.restore()
         started, first_step = time.perf_counter(), trainer.step
         finished = trainer.run()
@@ -176,35 +175,40 @@ def train(job: RLHFJob, resume_from: str | None = None, metrics_port: int | None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        default=os.environ.get(contract.ENV_JOB_CONFIG),
-        help=f"the RLHFJob file (default: ${contract.ENV_JOB_CONFIG})",
-    )
+    parser.add_argument("--config", help=f"the RLHFJob file (default: ${contract.ENV_JOB_CONFIG})")
     parser.add_argument(
         "--resume-from",
         metavar="PATH",
         help="a checkpoint directory, or 'latest' for the newest complete one (if any)",
     )
-    port = os.environ.get(ENV_METRICS_PORT)
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(port) if port else None,
         help=f"serve Prometheus metrics on this port (default: ${ENV_METRICS_PORT}, else none)",
     )
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not args.config:
+    try:
+        context = RunContext.from_env(
+            os.environ,
+            config=args.config,
+            resume_from=args.resume_from,
+            metrics_port=args.metrics_port,
+        )
+    except ValueError as error:  # a number in the environment that is none
+        print(f"unreadable environment: {error}", file=sys.stderr)
+        print(final_status(ExitCode.NON_RETRYABLE, f"unreadable environment: {error}"), flush=True)
+        return int(ExitCode.NON_RETRYABLE)
+    if not context.job_config:
         print(f"no job file: pass --config or set ${contract.ENV_JOB_CONFIG}", file=sys.stderr)
         print(final_status(ExitCode.NON_RETRYABLE, "no job file"), flush=True)
         return int(ExitCode.NON_RETRYABLE)
     try:
-        job = load_job(args.config)
+        job = load_job(context.job_config)
     except InvalidJobError as error:
         print(error, file=sys.stderr)
         print(final_status(ExitCode.NON_RETRYABLE, str(error)), flush=True)
         return int(ExitCode.NON_RETRYABLE)
-    return train(job, args.resume_from, args.metrics_port)
+    return train(job, context)

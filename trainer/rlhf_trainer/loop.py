@@ -11,16 +11,17 @@ Every random choice depends on `algorithm.seed` only (model init, data order, a 
 per step and chunk of prompts), and a checkpoint carries the data position, RNG states,
 DeepSpeed model and optimizer state and the policy version, so a resumed run repeats the
 uninterrupted one exactly, also when rollout engines were lost and replaced meanwhile
-(`rlhf_trainer.fleet`) and when the actors were adopted from a killed driver
-(`rlhf_trainer.adoption`: the checkpoint is loaded into them like into fresh ones).
+(`rlhf_trainer.fleet`) and when the actors were adopted from a killed driver (the checkpoint
+is loaded into them like into fresh ones).
 
-`rlhf_trainer.driver` is the process around it (CLI, Ray, signals, exit codes).
+Starting or adopting the actors is `rlhf_trainer.startup`'s; what the run takes from its
+environment and command line, `rlhf_trainer.context.RunContext`; `rlhf_trainer.driver` is the
+process around it all (CLI, Ray, signals, exit codes).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -33,9 +34,8 @@ import torch
 from torch import Tensor
 
 from rlhf_trainer import metrics as m
-from rlhf_trainer import topology
-from rlhf_trainer.actors import CriticWorker, PolicyWorker, ReferenceWorker, WorkerGroup
-from rlhf_trainer.adoption import adoption_timeout_s, kill_job_actors, spec_digest, spec_json
+from rlhf_trainer import startup, topology
+from rlhf_trainer.actors import WorkerGroup
 from rlhf_trainer.algorithms import kl_estimate, masked_mean
 from rlhf_trainer.batch import Batch, build_batch
 from rlhf_trainer.checkpoint import (
@@ -45,77 +45,27 @@ from rlhf_trainer.checkpoint import (
     read_checkpoint,
     restore_rng_state,
 )
-from rlhf_trainer.colocated import ColocatedRollout
+from rlhf_trainer.context import RunContext
 from rlhf_trainer.curves import plot_reward_curve, read_step_log
-from rlhf_trainer.data import DataPosition, PromptItem, PromptIterator, load_prompts
-from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
+from rlhf_trainer.data import DataPosition, PromptIterator
 from rlhf_trainer.experience import (
     Rollout,
     flatten_completions,
     grpo_advantages,
     ppo_advantages,
 )
-from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.heartbeat import make_heartbeat
-from rlhf_trainer.models import model_config
-from rlhf_trainer.rewards import RewardFunctionError, RuleReward
 from rlhf_trainer.rollout import SamplingParams
 from rlhf_trainer.seeds import step_seed
+from rlhf_trainer.startup import Inputs as Inputs  # re-exported: callers load inputs from here
+from rlhf_trainer.startup import NonRetryableError as NonRetryableError
+from rlhf_trainer.startup import check_model_config as check_model_config
+from rlhf_trainer.startup import load_inputs as load_inputs
 from rlhfjob import contract
-from rlhfjob.api import RLHFJob, RLHFJobSpec, RoleSpec
+from rlhfjob.api import RLHFJob
 
 STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
-SYNTHETIC_DATASET_SIZE = 1024
-"""Prompts drawn for a `synthetic:<task>` dataset."""
-SETUP_TIMEOUT_S = 600.0
-"""How long actors may take to start (a cold start builds every model)."""
-ADOPTED_ENGINE_GRACE_S = 2.0
-"""After a warm restart, how long to wait for engines beyond the minimum before training."""
-
-
-class NonRetryableError(Exception):
-    """A problem that retrying cannot fix: the operator fails the job instead of restarting it."""
-
-
-@dataclass
-class Inputs:
-    """What a run needs before any actor starts; loading it is where config mistakes show."""
-
-    reward: RuleReward
-    prompts: list[PromptItem]
-
-
-def load_inputs(spec: RLHFJobSpec, *, check_model: bool = True) -> Inputs:
-    """The reward function, the prompts and (with `check_model`) the model config;
-    NonRetryableError if unusable."""
-    if spec.reward.type != "function" or spec.reward.function is None:
-        raise NonRetryableError("reward.type model is not supported by this trainer yet")
-    try:
-        reward = RuleReward.from_spec(spec.reward.function)
-        prompts = load_prompts(
-            spec.dataset.source,
-            spec.dataset.prompt_field,
-            synthetic_count=SYNTHETIC_DATASET_SIZE,
-            seed=spec.algorithm.seed,
-        )
-    except (RewardFunctionError, ValueError, OSError) as error:
-        raise NonRetryableError(str(error)) from error
-    if check_model:
-        check_model_config(spec)
-    return Inputs(reward=reward, prompts=prompts)
-
-
-def check_model_config(spec: RLHFJobSpec) -> None:
-    """NonRetryableError if the model's config cannot be loaded.
-
-    This imports transformers (seconds): a warm restart skips it, since the attempt that
-    started the adopted actors checked the very same spec.
-    """
-    try:
-        model_config(spec.model)
-    except (ValueError, OSError) as error:
-        raise NonRetryableError(str(error)) from error
 
 
 def progress_line(record: dict[str, Any], total_steps: int) -> str:
@@ -160,40 +110,38 @@ class StepResult:
 class Trainer:
     """The actors of one run and the training loop over them.
 
-    With `detached` (the driver's way) the actors outlive this process: a later driver of the
-    same job and spec that resumes from a checkpoint adopts them instead of starting new ones
-    (`rlhf_trainer.adoption`); `shutdown` kills them.
+    `context` is what the driver read from its environment and command line (a run outside
+    the operator without it). With `detached` (the driver's way) the actors outlive this
+    process: a later driver of the same job and spec that resumes from a checkpoint adopts
+    them instead of starting new ones (`rlhf_trainer.startup`); `shutdown` kills them.
     """
-
-    policy: WorkerGroup
-    fleet: RolloutFleet | ColocatedRollout
 
     def __init__(
         self,
         job: RLHFJob,
         inputs: Inputs,
         stop: threading.Event,
-        resume_from: str | None = None,
+        context: RunContext | None = None,
         *,
         detached: bool = True,
     ) -> None:
         spec = job.spec
+        context = context if context is not None else RunContext()
         self.job = job
         self.spec = spec
         self.algorithm = spec.algorithm
         self.inputs = inputs
         self.stop = stop
-        self.detached = detached
+        self.context = context
         self.total_steps = topology.total_steps(spec, len(inputs.prompts))
         self.run_dir = Path(contract.checkpoint_dir(job))
         self.store = CheckpointStore(self.run_dir, keep_last=spec.checkpoint.keep_last)
         self.data = self._prompt_iterator(DataPosition())
-        pod_env = contract.PodEnv.from_env(os.environ)
-        self.attempt = pod_env.attempt or 0
+        self.attempt = context.attempt
         self.metrics = m.TrainerMetrics(jsonl_path=self.run_dir / STEP_LOG, attempt=self.attempt)
         self.heartbeat = make_heartbeat(
-            pod_env.job_name,
-            pod_env.job_namespace,
+            context.job_name,
+            context.job_namespace,
             interval_seconds=spec.liveness.heartbeat_interval_seconds,
             lease_duration_seconds=spec.liveness.heartbeat_timeout_seconds,
             attempt=self.attempt,
@@ -203,186 +151,38 @@ class Trainer:
         self.version = 0
         """Policy version: the number of updates so far; every weight sync carries it."""
         self.checkpointed_step: int | None = None
+        resume_from = context.resume_from
         self.resume_checkpoint = self._find_checkpoint(resume_from) if resume_from else None
-        self.adopted = 0
-        """Actors adopted from the previous attempt (0: a cold start)."""
-        self._engine_ids_seen = 0  # above every engine id a previous attempt used
-        self._answered_engines = 0  # adopted engines that answered at once
-        self.startup_seconds = 0.0
-        self.reference: WorkerGroup | None = None
-        self.critic: WorkerGroup | None = None
         # Beat from the start: booting the actors can take minutes, and the operator must be
         # able to tell a slow start (heartbeats, step 0) from a dead driver (none).
         self.heartbeat.update(step=self.step, phase="starting")
         self.heartbeat.start()
         try:
-            self._start_actors()
+            self.actors = startup.start_actors(
+                spec,
+                total_steps=self.total_steps,
+                resume=self.resume_checkpoint is not None,
+                detached=detached,
+                adopt_timeout_s=context.adopt_timeout_s,
+                log=self.log,
+                on_engines_change=self._report_engines,
+            )
         except BaseException:
             self.heartbeat.stop()
             raise
-
-    # -- actors -------------------------------------------------------------------------------
-
-    def _start_actors(self) -> None:
-        """Adopt the previous attempt's actors if possible, else start every role at once
-        (actors boot and build their engines concurrently)."""
-        spec, roles = self.spec, self.spec.roles
-        started = time.perf_counter()
-        rollout, seed = roles.rollout, self.algorithm.seed
-        source = ModelSource.from_spec(spec.model, seed=seed, on_gpu=rollout.gpus > 0)
-        self.launcher = EngineLauncher(
-            rollout,
-            source,
-            seed=seed,
-            engine_options={"num_threads": 1} if rollout.backend == "hf" else {},
-            detached=self.detached,
-            tag=spec_digest(spec_json(spec)),
-        )
-        engines = self._adopt() if self.detached and self.resume_checkpoint is not None else None
-        if engines is None:
-            check_model_config(spec)
-            if self.detached:
-                kill_job_actors(self.log)  # whatever an earlier attempt left is not trusted
-            self.log("starting actors")
-            self._start_groups()
-        if rollout.colocated:  # the engines are inside the policy ranks
-            for group in self.groups:
-                group.wait_ready()
-            self.fleet = ColocatedRollout(self.policy, on_change=self._report_engines)
-            self._ready(started)
-            return
-        self.fleet = RolloutFleet(
-            self.policy,
-            self.launcher.start,
-            desired=topology.desired_engines(spec),
-            minimum=topology.minimum_engines(spec),
-            log=self.log,
-            on_change=self._report_engines,
-        )
-        self._report_engines(0, self.fleet.desired)
-        for engine_id, actor in sorted((engines or {}).items()):
-            self.fleet.add(engine_id, actor)
-        self.fleet.next_id = max(self.fleet.next_id, self._engine_ids_seen)  # names stay unique
-        self.fleet.start(max(0, self.fleet.desired - len(self.fleet.starting)))
-        for group in self.groups:
-            group.wait_ready()
-        if engines is not None and self._answered_engines >= max(self.fleet.minimum, 1):
-            # Adopted engines answer at once; replacements of missing ones join later.
-            self.fleet.wait_ready(SETUP_TIMEOUT_S, grace_s=ADOPTED_ENGINE_GRACE_S)
-        else:
-            self.fleet.wait_ready(SETUP_TIMEOUT_S)
-        self._ready(started)
-
-    def _ready(self, started: float) -> None:
-        built = ray.get(self.policy.actors[0].build_report_of.remote())
-        host, gpu = built["peak_host_bytes"] / 2**30, built["peak_gpu_bytes"] / 2**30
-        self.log(
-            f"policy rank 0 built its engines in {built['seconds']:.1f} s "
-            f"(peak host memory {host:.1f} GiB, GPU {gpu:.1f} GiB)"
-        )
-        self.startup_seconds = time.perf_counter() - started
-        self.metrics.record_startup(self.startup_seconds)
-        how = (
-            f"adopted {self.adopted} actors from the previous attempt"
-            if self.adopted
-            else "started"
-        )
-        self.log(f"actors ready in {self.startup_seconds:.1f} s ({how})")
-
-    def _start_groups(self) -> None:
-        """Start the ZeRO-3 groups; they build their engines while the rollout engines start."""
-        spec, roles = self.spec, self.spec.roles
-        steps = self.total_steps * self.algorithm.update_epochs
-        options: dict[str, Any] = {"setup_timeout_s": SETUP_TIMEOUT_S, "detached": self.detached}
-        self.policy = WorkerGroup(PolicyWorker, spec, "trainer", roles.trainer, steps, **options)
-        if roles.reference is not None:
-            self.reference = WorkerGroup(
-                ReferenceWorker, spec, "reference", roles.reference, 0, **options
-            )
-        if self.algorithm.name == "ppo":
-            assert roles.critic is not None  # the API requires it for PPO
-            self.critic = WorkerGroup(CriticWorker, spec, "critic", roles.critic, steps, **options)
-
-    def _adopt(self) -> dict[int, Any] | None:
-        """The previous attempt's actors, if every ZeRO-3 rank is there and answers in time:
-        the groups are set and the live engines returned by id (missing ones are started
-        later). None: start cold."""
-        spec, roles = self.spec, self.spec.roles
-        timeout = adoption_timeout_s()
-        names = ray.util.list_named_actors()
-        if not names:
-            return None
-        wanted: list[tuple[str, RoleSpec]] = [("trainer", roles.trainer)]
-        if roles.reference is not None:
-            wanted.append(("reference", roles.reference))
-        if self.algorithm.name == "ppo":
-            assert roles.critic is not None
-            wanted.append(("critic", roles.critic))
-        groups = {}
-        for role, role_spec in wanted:
-            group = WorkerGroup.adopt(spec, role, role_spec, timeout, SETUP_TIMEOUT_S)
-            if group is None:
-                self.log(f"the previous attempt's {role} ranks are missing or do not answer")
-                return None
-            groups[role] = group
-        self.policy = groups["trainer"]
-        self.reference = groups.get("reference")
-        self.critic = groups.get("critic")
-        if roles.rollout.colocated:  # the engines came with the policy ranks
-            self.adopted = sum(len(g.actors) for g in groups.values())
-            self.log(f"adopting {self.adopted} actors from the previous attempt")
-            return {}
-        candidates = {}
-        for name in names:
-            engine_id = engine_id_from_name(name)
-            if engine_id is not None:
-                with contextlib.suppress(ValueError):
-                    candidates[engine_id] = ray.get_actor(name)
-        self._engine_ids_seen = max(candidates, default=-1) + 1
-        refs: dict[int, Any] = {
-            engine_id: actor.ping.remote() for engine_id, actor in candidates.items()
-        }
-        ready = set()
-        if refs:
-            ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)[0])
-        # Engines that answered are adopted; so are those still busy (finishing a generation
-        # of the dead driver, say): they join once they answer. Dead ones, and any beyond the
-        # desired count, go.
-        engines: dict[int, Any] = {}
-        self._answered_engines = 0
-        for engine_id, ref in sorted(refs.items(), key=lambda item: item[1] not in ready):
-            answer: Any = self.launcher.tag
-            if ref in ready:
-                try:
-                    answer = ray.get(ref)
-                except ray.exceptions.RayError:
-                    answer = None
-            if answer == self.launcher.tag and len(engines) < topology.desired_engines(spec):
-                engines[engine_id] = candidates[engine_id]
-                self._answered_engines += ref in ready
-            else:
-                ray.kill(candidates[engine_id], no_restart=True)
-        self.adopted = sum(len(g.actors) for g in groups.values()) + len(engines)
-        self.log(f"adopting {self.adopted} actors from the previous attempt")
-        return engines
+        self.metrics.record_startup(self.actors.seconds)
+        groups = self.actors.groups
+        self.policy, self.reference, self.critic = groups.policy, groups.reference, groups.critic
+        self.groups = groups.all()
+        self.fleet = self.actors.rollout
 
     def shutdown(self) -> None:
         """Kill this run's actors (a driver leaving on its own: the next attempt starts cold)."""
-        fleet: RolloutFleet | ColocatedRollout | None = getattr(self, "fleet", None)
-        if fleet is not None:
-            fleet.shutdown()
-        for group in self.groups:
-            with contextlib.suppress(Exception):
-                group.shutdown()
+        self.actors.shutdown()
 
     def _report_engines(self, live: int, desired: int) -> None:
         self.metrics.set_rollout_engines(live, desired)
         self.heartbeat.update(rollout_engines=contract.EngineCount(live, desired))
-
-    @property
-    def groups(self) -> list[WorkerGroup]:
-        policy: WorkerGroup | None = getattr(self, "policy", None)
-        return [g for g in (policy, self.reference, self.critic) if g is not None]
 
     @property
     def has_reference(self) -> bool:
