@@ -23,8 +23,10 @@ rank: losing one fails the step, and the operator restarts the group from its ch
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +37,12 @@ from rlhf_trainer.engines import HFEngine, ModelSource, VLLMEngine
 from rlhf_trainer.fleet import CALL_TIMEOUT_S, GENERATE_TIMEOUT_S, SyncResult, plan_chunks
 from rlhf_trainer.rollout import Completion, SamplingParams
 from rlhf_trainer.seeds import derive_seed
-from rlhf_trainer.weight_sync import NamedTensors, iter_module_parameters
+from rlhf_trainer.weight_sync import (
+    NamedTensors,
+    ParameterGroups,
+    iter_module_parameters,
+    parameter_groups,
+)
 from rlhfjob.api import RLHFJobSpec
 
 BUCKET_BYTES = 1 << 30
@@ -72,6 +79,8 @@ class ColocatedEngine:
         """Time spent in each hand-over (sleep, wake, offload, reload, load), summed."""
         self.peak_memory: dict[str, int] = {}
         """GPU: the most memory in use on the device during each mode, in bytes."""
+        self._groups: tuple[int, ParameterGroups] | None = None
+        """The trainer module's parameter groups, walked once (keyed by the module's id)."""
         self._mark_start()
 
     def _mark_start(self) -> None:
@@ -130,11 +139,17 @@ class ColocatedEngine:
         """Load `module`'s parameters (every rank gathers) into the engine as `version`."""
         if isinstance(self.engine, VLLMEngine):  # memory back first (not part of the load)
             self._timed("engine_wake_weights", self.engine.wake_weights)
+        if self._groups is None or self._groups[0] != id(module):
+            self._groups = (id(module), parameter_groups(module))
+        with _collector_paused():
+            return self._load_all(module, self._groups[1], version)
+
+    def _load_all(self, module: nn.Module, groups: ParameterGroups, version: int) -> dict[str, Any]:
         started = time.perf_counter()
         loaded = 0
         bucket: NamedTensors = []
         bucket_bytes = 0
-        for tensors, transient in iter_module_parameters(module):
+        for tensors, transient in iter_module_parameters(module, groups):
             loaded += sum(t.numel() * t.element_size() for _, t in tensors)
             if transient:  # freed when the iterator moves on: load now
                 self._load(tensors)
@@ -167,6 +182,20 @@ class ColocatedEngine:
     ) -> list[list[Completion]]:
         self.for_rollout(trainer)
         return self.engine.generate(prompts, sampling)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's garbage collector off for a few milliseconds: a collection of the rank's large
+    heap (torch, Ray, vLLM) in the middle of a weight load made it up to 1.8x slower on one
+    H200 (`BENCHMARKS.md`, weight update); a load allocates little, so nothing piles up."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _zero_stage(trainer: Any) -> int:

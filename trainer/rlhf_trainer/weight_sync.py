@@ -282,14 +282,27 @@ def zero3_parameter_metadata(module: nn.Module) -> list[tuple[str, tuple[int, ..
     ]
 
 
-def iter_module_parameters(module: nn.Module) -> Iterator[tuple[NamedTensors, bool]]:
+ParameterGroups = list[tuple[str, list[tuple[str, Any]]]]
+"""``(module name, [(full param name, parameter), ...])`` per submodule (`parameter_groups`)."""
+
+
+def parameter_groups(module: nn.Module) -> ParameterGroups:
+    """`module`'s parameters grouped by submodule, tied ones once: the walk that
+    `iter_module_parameters` repeats, done once (the parameter objects outlive their data)."""
+    return list(_unique_parameters_by_module(module))
+
+
+def iter_module_parameters(
+    module: nn.Module, groups: ParameterGroups | None = None
+) -> Iterator[tuple[NamedTensors, bool]]:
     """Each submodule's full parameters as ``(tensors, transient)``, gathering under ZeRO-3.
 
     The gather is a collective over the trainer's default group: **every trainer rank** must
     run this iterator to the end, in step. ``transient`` tensors (gathered ZeRO-3 partitions)
     are freed once the iterator advances; without ZeRO-3 (no ``ds_id``) they stay valid.
+    `groups` (`parameter_groups` of `module`) saves walking the module tree again.
     """
-    for _, params in _unique_parameters_by_module(module):
+    for _, params in groups if groups is not None else _unique_parameters_by_module(module):
         partitioned = [param for _, param in params if hasattr(param, "ds_id")]
         if partitioned:
             import deepspeed  # lazy: only ZeRO-3 trainers have it loaded
