@@ -269,7 +269,7 @@ def update_one(args: argparse.Namespace) -> None:
     result: dict[str, Any] = {"shape": args.shape, "variant": args.variant, "rows": rows}
     result.update(micro_batch=micro, seq_len=args.seq_len, tokens_per_step=tokens)
     device = torch.device("cpu" if tiny else "cuda")
-    if args.variant == "plain":
+    if args.variant.startswith("plain"):
         from rlhf_trainer.models import build_causal_lm
 
         model = build_causal_lm(spec.model, 0, torch.float32).to(device)
@@ -280,13 +280,25 @@ def update_one(args: argparse.Namespace) -> None:
         on_device = batch.to(device)
         total_tokens = on_device.num_action_tokens
 
+        fused = args.variant == "plain"  # plain-unfused: the loss as the trainer had it before
+
         def step() -> None:
             for chunk in on_device.micro_batches(micro):
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not tiny):
                     logits = model(
                         input_ids=chunk.input_ids, attention_mask=chunk.attention_mask
-                    ).logits[:, :-1]
-                logprobs = alg.logprobs_from_logits(logits, chunk.input_ids[:, 1:], temperature)
+                    ).logits
+                if fused:
+                    logprobs, entropies = alg.next_token_logprobs_and_entropy(
+                        logits, chunk.input_ids, temperature
+                    )
+                    alg.masked_mean(entropies.detach(), chunk.action_mask)
+                else:
+                    logits = logits[:, :-1]
+                    logprobs = alg.logprobs_from_logits(logits, chunk.input_ids[:, 1:], temperature)
+                    with torch.no_grad():
+                        alg.masked_entropy(logits, chunk.action_mask, temperature)
+                del logits
                 loss = alg.clipped_policy_loss(
                     logprobs,
                     chunk.fields["old_logprobs"],
@@ -294,8 +306,6 @@ def update_one(args: argparse.Namespace) -> None:
                     chunk.action_mask,
                     clip_range=0.2,
                 ).loss
-                with torch.no_grad():
-                    alg.masked_entropy(logits, chunk.action_mask, temperature)
                 (loss * float(chunk.action_mask.sum()) / total_tokens).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -304,6 +314,10 @@ def update_one(args: argparse.Namespace) -> None:
     else:
         os.environ["RLHF_ZERO_STAGE"] = args.variant.removeprefix("zero")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if args.policy_dir:  # a saved checkpoint, loaded as `model.policy: DIR` is
+            spec.model = spec.model.model_copy(
+                update={"random_init": None, "policy": args.policy_dir}
+            )
         worker = PolicyWorker(json.dumps(spec.model_dump(mode="json", by_alias=True)), 0, 1)
         from rlhf_trainer.actors import free_port
 
@@ -322,6 +336,10 @@ def update_one(args: argparse.Namespace) -> None:
     times = [timed(step) for _ in range(args.steps)]
     seconds = median(times)
     flops = update_flops(config, params, tokens, args.seq_len)
+    if args.profile and not tiny:
+        result["profile"] = profile_step(
+            step, args.out / f"profile-update-{args.shape}-{args.variant}-mb{micro}.txt"
+        )
     result.update(
         params=params,
         step_seconds=seconds,
@@ -333,18 +351,70 @@ def update_one(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+KERNEL_KINDS = {
+    "matmul": re.compile(r"gemm|nvjet|cutlass|matmul|sm90_xmma|cublas", re.I),
+    "attention": re.compile(r"flash|fmha|attention|sdpa", re.I),
+    "optimizer": re.compile(r"adam|multi_tensor|foreach", re.I),
+    "nccl": re.compile(r"nccl", re.I),
+}
+
+
+def profile_step(step: Any, path: Path) -> dict[str, Any]:
+    """One `step` under torch's profiler: the top kernels by GPU time into `path`, and the GPU
+    time by kind of kernel (matmul, attention, optimizer, NCCL, everything else)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kinds: dict[str, float] = {}
+    for event in events:
+        kind = next((k for k, rx in KERNEL_KINDS.items() if rx.search(event.key)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + event.self_device_time_total / 1e6
+    path.write_text(
+        prof.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90
+        )
+    )
+    total = sum(kinds.values())
+    return {
+        "gpu_seconds_by_kind": kinds,
+        "gpu_fraction_by_kind": {k: v / total for k, v in kinds.items()} if total else {},
+        "table": path.name,
+    }
+
+
+def save_checkpoint_dir(shape: str, directory: Path) -> Path:
+    """A Hugging Face checkpoint of `shape` (random weights, bf16) saved in `directory`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_trainer.engines import causal_lm_config
+
+    if not (directory / "config.json").is_file():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(causal_lm_config(model_config(shape)))
+        model.to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
 def bench_update(args: argparse.Namespace) -> None:
     report = Report(args.out / "update.json", " ".join(sys.argv))
     if not args.tiny:
         with report.section("matmul"):
             report.update(matmul_bf16_tflops=matmul_tflops())
     runs = []
-    for shape, variant in args.variants:
-        with report.section(f"{shape}-{variant}"):
+    for shape, variant, *rest in args.variants:
+        micro = int(rest[0]) if rest else args.micro
+        with report.section(f"{shape}-{variant}-mb{micro}"):
             command = [
                 sys.executable,
                 __file__,
                 "update-one",
+                "--out",
+                str(args.out),
                 "--shape",
                 shape,
                 "--variant",
@@ -352,7 +422,7 @@ def bench_update(args: argparse.Namespace) -> None:
                 "--rows",
                 str(args.rows),
                 "--micro",
-                str(args.micro),
+                str(micro),
                 "--seq-len",
                 str(args.seq_len),
                 "--prompt-len",
@@ -362,6 +432,11 @@ def bench_update(args: argparse.Namespace) -> None:
                 "--warmup",
                 str(args.warmup),
             ] + (["--tiny"] if args.tiny else [])
+            if args.profile:
+                command.append("--profile")
+            if args.from_checkpoint and variant.startswith("zero"):
+                directory = save_checkpoint_dir(shape, Path(args.work) / "models" / shape)
+                command += ["--policy-dir", str(directory)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=900)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
             if done.returncode != 0 or not lines:
@@ -371,7 +446,14 @@ def bench_update(args: argparse.Namespace) -> None:
     peak = report.data.get("matmul_bf16_tflops")
     for run in runs:
         plain = next(
-            (r for r in runs if r["shape"] == run["shape"] and r["variant"] == "plain"), None
+            (
+                r
+                for r in runs
+                if r["shape"] == run["shape"]
+                and r["variant"] == "plain"
+                and r["micro_batch"] == run["micro_batch"]
+            ),
+            None,
         )
         if peak:
             run["mfu"] = run["tflops"] / peak
@@ -410,9 +492,10 @@ def bare_generate(
     return {"seconds": seconds, "tokens": tokens}
 
 
-def load_ceiling(self: Any, repeats: int) -> dict[str, Any]:
-    """Inside the rank: vLLM's ``load_weights`` of the same tensors already on the GPU, and a
-    device-to-device copy of the same bytes."""
+def load_ceiling(self: Any, repeats: int, level: int) -> dict[str, Any]:
+    """Inside the rank: vLLM's ``load_weights`` of the same tensors already on the GPU, into an
+    awake engine and right after a sleep at `level` and a wake of the weights (the state the
+    product's update finds), and a device-to-device copy of the same bytes."""
     import torch
 
     from rlhf_trainer.weight_sync import iter_module_parameters
@@ -426,12 +509,71 @@ def load_ceiling(self: Any, repeats: int) -> dict[str, Any]:
         for name, tensor in group
     ]
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-    loads = [timed(lambda: engine.load_tensors(tensors)) for _ in range(repeats + 1)][1:]
+    awake = [timed(lambda: engine.load_tensors(tensors)) for _ in range(repeats + 1)][1:]
+    after_sleep = []
+    for _ in range(repeats + 1):
+        engine.sleep(level)
+        engine.wake_weights()
+        after_sleep.append(timed(lambda: engine.load_tensors(tensors)))
+        engine.finish_load(version)
+        engine.wake()
     engine.finish_load(version)
     source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
     copies = [timed(lambda: target.copy_(source)) for _ in range(repeats + 1)][1:]
-    return {"bytes": nbytes, "load_seconds": loads, "copy_seconds": copies}
+    return {
+        "bytes": nbytes,
+        "load_seconds": awake,
+        "load_after_sleep_seconds": after_sleep[1:],
+        "copy_seconds": copies,
+    }
+
+
+def load_breakdown(self: Any, repeats: int) -> dict[str, Any]:
+    """Inside the rank: where the product's weight update spends its time beyond the
+    ceiling: the walk over the modules alone, and the whole update with the garbage
+    collector off."""
+    walk = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        for _tensors, _transient in iter_parameters(self.engine.module):
+            pass
+        walk.append(time.perf_counter() - started)
+    version = self.rollout.engine.policy_version()
+    no_gc = []
+    for _ in range(repeats + 1):
+        self.rollout.for_training(self.engine)
+        gc.collect()
+        gc.disable()
+        try:
+            no_gc.append(self.rollout.load(self.engine.module, version)["seconds"])
+        finally:
+            gc.enable()
+    return {"walk_seconds": walk[1:], "update_without_gc_seconds": no_gc[1:]}
+
+
+def iter_parameters(module: Any) -> Any:
+    from rlhf_trainer.weight_sync import iter_module_parameters
+
+    return iter_module_parameters(module)
+
+
+def profile_load(self: Any, path: str) -> dict[str, Any]:
+    """Inside the rank: the product's weight update after a sleep, under torch's profiler (the
+    top operations by CPU and by GPU time into `path`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    self.rollout.for_training(self.engine)  # asleep, as after an update
+    version = self.rollout.engine.policy_version()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        self.rollout.load(self.engine.module, version)
+    table = prof.key_averages()
+    Path(path).write_text(
+        table.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=90)
+        + "\n\n"
+        + table.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=90)
+    )
+    return {"table": Path(path).name}
 
 
 def sleep_cycle(self: Any, level: int) -> dict[str, Any]:
@@ -502,136 +644,150 @@ def bench_step(args: argparse.Namespace) -> None:
     rank = trainer.policy.actors[0]
     report.update(build=ray.get(rank.__ray_call__.remote(lambda self: self.build_report)))
     try:
-        with report.section("e2e"):
-            trainer.sync_weights()
-            steps = []
-            for _ in range(args.steps):
-                record = trainer.record(trainer.run_step())
-                phases = record["phase_seconds"]
-                record["overhead_seconds"] = record["step_seconds"] - sum(phases.values())
-                steps.append(
-                    {
-                        k: record[k]
-                        for k in (
-                            "step",
-                            "step_seconds",
-                            "phase_seconds",
-                            "overhead_seconds",
-                            "reward_mean",
-                        )
-                    }
+        if "e2e" in args.sections:
+            with report.section("e2e"):
+                trainer.sync_weights()
+                steps = []
+                for _ in range(args.steps):
+                    record = trainer.record(trainer.run_step())
+                    phases = record["phase_seconds"]
+                    record["overhead_seconds"] = record["step_seconds"] - sum(phases.values())
+                    steps.append(
+                        {
+                            k: record[k]
+                            for k in (
+                                "step",
+                                "step_seconds",
+                                "phase_seconds",
+                                "overhead_seconds",
+                                "reward_mean",
+                            )
+                        }
+                    )
+                    print(steps[-1], flush=True)
+                    report.update(steps=steps)
+                checkpoint = timed(trainer.save_checkpoint, sync=False)
+                timed_steps = steps[1:] or steps  # the first step warms up
+                step_seconds = median([s["step_seconds"] for s in timed_steps])
+                overhead = median([s["overhead_seconds"] for s in timed_steps])
+                phases = {
+                    name: median([s["phase_seconds"].get(name, 0.0) for s in timed_steps])
+                    for name in timed_steps[-1]["phase_seconds"]
+                }
+                report.update(
+                    step_seconds=step_seconds,
+                    phase_seconds=phases,
+                    checkpoint_seconds=checkpoint,
+                    overhead_seconds=overhead,
+                    step_overhead_fraction=overhead / step_seconds,
+                    colocation=trainer.policy.call("colocation_report")[0],
                 )
-                print(steps[-1], flush=True)
-                report.update(steps=steps)
-            checkpoint = timed(trainer.save_checkpoint, sync=False)
-            timed_steps = steps[1:] or steps  # the first step warms up
-            step_seconds = median([s["step_seconds"] for s in timed_steps])
-            overhead = median([s["overhead_seconds"] for s in timed_steps])
-            phases = {
-                name: median([s["phase_seconds"].get(name, 0.0) for s in timed_steps])
-                for name in timed_steps[-1]["phase_seconds"]
-            }
-            report.update(
-                step_seconds=step_seconds,
-                phase_seconds=phases,
-                checkpoint_seconds=checkpoint,
-                overhead_seconds=overhead,
-                step_overhead_fraction=overhead / step_seconds,
-                colocation=trainer.policy.call("colocation_report")[0],
-            )
 
         n_prompts = prompts_n
         sampling = SamplingParams(
             n=group, temperature=1.0, max_tokens=response_len, seed=7, logprobs=False
         )
-        with report.section("rollout"):
-            product, with_logprobs, bare, bare_seeded = [], [], [], []
-            for _ in range(args.repeats + 1):
-                prompts = random_prompts(n_prompts)
-                started = time.perf_counter()
-                completions = trainer.fleet.generate(prompts, sampling)
-                seconds = time.perf_counter() - started
-                tokens = sum(len(c.token_ids) for row in completions for c in row)
-                product.append({"seconds": seconds, "tokens": tokens})
-                if not tiny:
-                    bare.append(
-                        ray.get(
-                            rank.__ray_call__.remote(
-                                bare_generate, random_prompts(n_prompts), group, response_len, None
+        if "rollout" in args.sections:
+            with report.section("rollout"):
+                product, with_logprobs, bare, bare_seeded = [], [], [], []
+                for _ in range(args.repeats + 1):
+                    prompts = random_prompts(n_prompts)
+                    started = time.perf_counter()
+                    completions = trainer.fleet.generate(prompts, sampling)
+                    seconds = time.perf_counter() - started
+                    tokens = sum(len(c.token_ids) for row in completions for c in row)
+                    product.append({"seconds": seconds, "tokens": tokens})
+                    if not tiny:
+                        bare.append(
+                            ray.get(
+                                rank.__ray_call__.remote(
+                                    bare_generate,
+                                    random_prompts(n_prompts),
+                                    group,
+                                    response_len,
+                                    None,
+                                )
                             )
                         )
-                    )
-                    seeds = [rng.randrange(2**31) for _ in range(n_prompts)]
-                    bare_seeded.append(
-                        ray.get(
-                            rank.__ray_call__.remote(
-                                bare_generate, random_prompts(n_prompts), group, response_len, seeds
+                        seeds = [rng.randrange(2**31) for _ in range(n_prompts)]
+                        bare_seeded.append(
+                            ray.get(
+                                rank.__ray_call__.remote(
+                                    bare_generate,
+                                    random_prompts(n_prompts),
+                                    group,
+                                    response_len,
+                                    seeds,
+                                )
                             )
                         )
+                product, bare, bare_seeded = product[1:], bare[1:], bare_seeded[1:]
+                for _ in range(2):
+                    prompts = random_prompts(n_prompts)
+                    started = time.perf_counter()
+                    scored = trainer.fleet.generate(
+                        prompts, SamplingParams(**{**sampling.__dict__, "logprobs": True})
                     )
-            product, bare, bare_seeded = product[1:], bare[1:], bare_seeded[1:]
-            for _ in range(2):
-                prompts = random_prompts(n_prompts)
-                started = time.perf_counter()
-                scored = trainer.fleet.generate(
-                    prompts, SamplingParams(**{**sampling.__dict__, "logprobs": True})
+                    with_logprobs.append(
+                        {
+                            "seconds": time.perf_counter() - started,
+                            "tokens": sum(len(c.token_ids) for row in scored for c in row),
+                        }
+                    )
+
+                def rate(runs: list[dict[str, Any]]) -> float | None:
+                    return median([r["tokens"] / r["seconds"] for r in runs]) if runs else None
+
+                # The trainer's recompute of the same log-probs (what the loop does instead).
+                flat_prompts = [p for p in prompts for _ in range(group)]
+                flat = [c.token_ids for row in scored for c in row]
+                batch = build_batch(flat_prompts, flat)
+                batch_ref = ray.put(batch)
+                recompute = [
+                    timed(lambda: trainer.policy.call("logprobs", batch_ref), sync=False)
+                    for _ in range(3)
+                ][1:]
+                trainer_logprobs = trainer.policy.unshard(
+                    trainer.policy.submit("logprobs", batch_ref)
                 )
-                with_logprobs.append(
-                    {
-                        "seconds": time.perf_counter() - started,
-                        "tokens": sum(len(c.token_ids) for row in scored for c in row),
+                engine_logprobs = torch.zeros_like(trainer_logprobs)
+                for row, (prompt, completion) in enumerate(
+                    zip(flat_prompts, [c for r in scored for c in r], strict=True)
+                ):
+                    start = len(prompt) - 1
+                    engine_logprobs[row, start : start + len(completion.logprobs)] = torch.tensor(
+                        completion.logprobs
+                    )
+                mask = batch.action_mask.bool()
+                diff = (trainer_logprobs - engine_logprobs).abs()[mask]
+                report.update(
+                    rollout={
+                        "product_tokens_per_second": rate(product),
+                        "product_with_engine_logprobs_tokens_per_second": rate(with_logprobs),
+                        "bare_tokens_per_second": rate(bare),
+                        "bare_seeded_tokens_per_second": rate(bare_seeded),
+                        "trainer_logprob_recompute_seconds": median(recompute),
+                        "engine_logprob_extra_seconds": median(
+                            [r["seconds"] for r in with_logprobs]
+                        )
+                        - median([r["seconds"] for r in product]),
+                        "engine_vs_trainer_logprob_abs_diff_mean": float(diff.mean()),
+                        "engine_vs_trainer_logprob_abs_diff_max": float(diff.max()),
+                        "runs": {
+                            "product": product,
+                            "bare": bare,
+                            "bare_seeded": bare_seeded,
+                            "with_logprobs": with_logprobs,
+                        },
                     }
                 )
-
-            def rate(runs: list[dict[str, Any]]) -> float | None:
-                return median([r["tokens"] / r["seconds"] for r in runs]) if runs else None
-
-            # The trainer's recompute of the same log-probs (what the loop does instead).
-            flat_prompts = [p for p in prompts for _ in range(group)]
-            flat = [c.token_ids for row in scored for c in row]
-            batch = build_batch(flat_prompts, flat)
-            batch_ref = ray.put(batch)
-            recompute = [
-                timed(lambda: trainer.policy.call("logprobs", batch_ref), sync=False)
-                for _ in range(3)
-            ][1:]
-            trainer_logprobs = trainer.policy.unshard(trainer.policy.submit("logprobs", batch_ref))
-            engine_logprobs = torch.zeros_like(trainer_logprobs)
-            for row, (prompt, completion) in enumerate(
-                zip(flat_prompts, [c for r in scored for c in r], strict=True)
-            ):
-                start = len(prompt) - 1
-                engine_logprobs[row, start : start + len(completion.logprobs)] = torch.tensor(
-                    completion.logprobs
-                )
-            mask = batch.action_mask.bool()
-            diff = (trainer_logprobs - engine_logprobs).abs()[mask]
-            report.update(
-                rollout={
-                    "product_tokens_per_second": rate(product),
-                    "product_with_engine_logprobs_tokens_per_second": rate(with_logprobs),
-                    "bare_tokens_per_second": rate(bare),
-                    "bare_seeded_tokens_per_second": rate(bare_seeded),
-                    "trainer_logprob_recompute_seconds": median(recompute),
-                    "engine_logprob_extra_seconds": median([r["seconds"] for r in with_logprobs])
-                    - median([r["seconds"] for r in product]),
-                    "engine_vs_trainer_logprob_abs_diff_mean": float(diff.mean()),
-                    "engine_vs_trainer_logprob_abs_diff_max": float(diff.max()),
-                    "runs": {
-                        "product": product,
-                        "bare": bare,
-                        "bare_seeded": bare_seeded,
-                        "with_logprobs": with_logprobs,
-                    },
-                }
-            )
-            r = report.data["rollout"]
-            if r["bare_tokens_per_second"]:
-                report.update(
-                    rollout_ratio=r["product_tokens_per_second"] / r["bare_tokens_per_second"],
-                    rollout_ratio_seeded=r["product_tokens_per_second"]
-                    / r["bare_seeded_tokens_per_second"],
-                )
+                r = report.data["rollout"]
+                if r["bare_tokens_per_second"]:
+                    report.update(
+                        rollout_ratio=r["product_tokens_per_second"] / r["bare_tokens_per_second"],
+                        rollout_ratio_seeded=r["product_tokens_per_second"]
+                        / r["bare_seeded_tokens_per_second"],
+                    )
 
         with report.section("weight_update"):
             version = trainer.version
@@ -642,25 +798,43 @@ def bench_step(args: argparse.Namespace) -> None:
                     [[1] * response_len for _ in range(n_prompts * group)],
                 )
             )
-            driver, rank_side = [], []
+            driver, rank_side, awake = [], [], []
             for _ in range(args.repeats + 2):
                 trainer.policy.call("logprobs", batch_ref)  # the engine sleeps, as after an update
                 started = time.perf_counter()
                 results = trainer.policy.call("update_rollout_engine", version)
                 driver.append(time.perf_counter() - started)
                 rank_side.append(results[0]["seconds"])
-            driver, rank_side = driver[1:], rank_side[1:]
+                # Again at once: the engine's weights are awake now (no fresh memory to fill).
+                awake.append(trainer.policy.call("update_rollout_engine", version)[0]["seconds"])
+            driver, rank_side, awake = driver[1:], rank_side[1:], awake[1:]
             update = {
                 "driver_seconds": driver,
                 "rank_seconds": rank_side,
+                "rank_awake_seconds": awake,
                 "bytes": results[0]["bytes"],
+                "sleep_level": args.sleep_level,
             }
             if not tiny:
-                ceiling = ray.get(rank.__ray_call__.remote(load_ceiling, args.repeats))
+                ceiling = ray.get(
+                    rank.__ray_call__.remote(load_ceiling, args.repeats, args.sleep_level)
+                )
                 update["ceiling_load_seconds"] = ceiling["load_seconds"]
+                update["ceiling_load_after_sleep_seconds"] = ceiling["load_after_sleep_seconds"]
                 update["copy_seconds"] = ceiling["copy_seconds"]
+                update["breakdown"] = ray.get(
+                    rank.__ray_call__.remote(load_breakdown, args.repeats)
+                )
+                update["profile"] = ray.get(
+                    rank.__ray_call__.remote(
+                        profile_load, str(args.out / "profile-weight-update.txt")
+                    )
+                )
                 report.update(
-                    weight_update_ratio=median(rank_side) / median(ceiling["load_seconds"]),
+                    # Like for like: both loads right after a sleep and a wake of the weights.
+                    weight_update_ratio=median(rank_side)
+                    / median(ceiling["load_after_sleep_seconds"]),
+                    weight_update_ratio_awake=median(awake) / median(ceiling["load_seconds"]),
                     weight_update_vs_copy=median(rank_side) / median(ceiling["copy_seconds"]),
                 )
             report.update(weight_update=update)
@@ -848,24 +1022,32 @@ def summary(directory: Path) -> None:
         plot_reward_curve(steps, directory / "job-reward-curve.png", "grpo-1gpu on one H200")
     parts = {
         name: json.loads((directory / f"{name}.json").read_text())
-        for name in ("update", "step", "job")
+        for name in ("update", "step", "step-weight-update", "step-rollout", "job")
         if (directory / f"{name}.json").is_file()
     }
     result: dict[str, Any] = {"benchmarks": parts}
     update = parts.get("update", {})
-    best = [r for r in update.get("runs", []) if r["shape"] == "1.5b" and r["variant"] != "plain"]
+    best = [
+        r
+        for r in update.get("runs", [])
+        if r["shape"] == "1.5b" and r["variant"].startswith("zero")
+    ]
     if best:
         top = max(best, key=lambda r: r["tokens_per_second"])
         result.update(
-            update_best_variant_1_5b=top["variant"],
+            update_best_variant_1_5b=f"{top['variant']} micro-batch {top['micro_batch']}",
             update_mfu_1_5b=top.get("mfu"),
             update_vs_plain_ratio_1_5b=top.get("vs_plain"),
         )
-    step = parts.get("step", {})
+    # A focused re-run of the weight update (after a fix) overrides the full run's figures.
+    step = parts.get("step", {}) | {
+        k: v for k, v in parts.get("step-weight-update", {}).items() if k.startswith("weight")
+    }
     for key in (
         "rollout_ratio",
         "rollout_ratio_seeded",
         "weight_update_ratio",
+        "weight_update_ratio_awake",
         "weight_update_vs_copy",
         "step_overhead_fraction",
     ):
@@ -899,6 +1081,18 @@ def main() -> None:
             "--variants", default="1.5b:plain,1.5b:zero2,1.5b:zero3,0.5b:plain,0.5b:zero2"
         )
         p.add_argument("--repeats", type=int, default=3)
+        p.add_argument("--profile", action="store_true", help="torch profiler tables into --out")
+        p.add_argument(
+            "--sections",
+            default="e2e,rollout",
+            help="step: optional sections (weight update and sleep always run)",
+        )
+        p.add_argument("--policy-dir", default="", help="update-one: load this checkpoint")
+        p.add_argument(
+            "--from-checkpoint",
+            action="store_true",
+            help="update: the ZeRO variants load a saved checkpoint (partitioned under ZeRO-3)",
+        )
         p.add_argument("--sleep-level", type=int, default=2)
         p.add_argument("--work", default="/tmp/rlhf-gpu-job")
     p = sub.add_parser("summary")
