@@ -689,6 +689,16 @@ def bench_step(args: argparse.Namespace) -> None:
         )
         if "rollout" in args.sections:
             with report.section("rollout"):
+
+                def bare_run(seeds: list[int] | None) -> dict[str, Any]:
+                    """The same number of new prompts straight through vLLM in the rank."""
+                    requests = random_prompts(n_prompts)
+                    return ray.get(
+                        rank.__ray_call__.remote(
+                            bare_generate, requests, group, response_len, seeds
+                        )
+                    )
+
                 product, with_logprobs, bare, bare_seeded = [], [], [], []
                 for _ in range(args.repeats + 1):
                     prompts = random_prompts(n_prompts)
@@ -698,28 +708,9 @@ def bench_step(args: argparse.Namespace) -> None:
                     tokens = sum(len(c.token_ids) for row in completions for c in row)
                     product.append({"seconds": seconds, "tokens": tokens})
                     if not tiny:
-                        bare.append(
-                            ray.get(
-                                rank.__ray_call__.remote(
-                                    bare_generate,
-                                    random_prompts(n_prompts),
-                                    group,
-                                    response_len,
-                                    None,
-                                )
-                            )
-                        )
-                        seeds = [rng.randrange(2**31) for _ in range(n_prompts)]
+                        bare.append(bare_run(None))
                         bare_seeded.append(
-                            ray.get(
-                                rank.__ray_call__.remote(
-                                    bare_generate,
-                                    random_prompts(n_prompts),
-                                    group,
-                                    response_len,
-                                    seeds,
-                                )
-                            )
+                            bare_run([rng.randrange(2**31) for _ in range(n_prompts)])
                         )
                 product, bare, bare_seeded = product[1:], bare[1:], bare_seeded[1:]
                 for _ in range(2):
