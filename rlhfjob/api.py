@@ -357,6 +357,10 @@ class ModelSpec(ApiModel):
     """Reward model (sequence classification head), for `reward.type: model`."""
     critic: str | None = Field(default=None, min_length=1)
     """Critic initial weights; defaults to the policy's (with a fresh value head)."""
+    tokenizer: str | None = Field(default=None, min_length=1)
+    """Tokenizer directory (Hugging Face format); defaults to the policy's directory when that
+    holds one. Text and chat prompts, stopping at the end-of-sequence token and text rewards
+    need it; a randomInit policy has none unless this is set."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Training and rollout dtype; CPU runs use float32 regardless."""
 
@@ -386,7 +390,14 @@ class AlgorithmSpec(ApiModel):
     epochs: int | None = Field(default=None, ge=1)
     """Passes over the prompt dataset; set this or totalSteps."""
     max_prompt_length: int = Field(default=512, ge=1, le=1048576)
+    """Prompt tokens at most (after the chat template); see dataset.overlongPrompts."""
     max_response_length: int = Field(default=512, ge=1, le=1048576)
+    """Generated tokens at most per response."""
+    stop_at_eos: bool = True
+    """End a response at the tokenizer's end-of-sequence token (kept as its last token; when the
+    job has a tokenizer). Off: responses run to maxResponseLength unless stopTokenIds stop them."""
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    """More token ids that end a response (kept as its last token)."""
     temperature: float = Field(default=1.0, gt=0, le=10)
     top_p: float = Field(default=1.0, gt=0, le=1)
     clip_range: float = Field(default=0.2, gt=0, le=10)
@@ -437,8 +448,16 @@ class DatasetSpec(ApiModel):
     source: str = Field(min_length=1)
     """A JSON-lines file (path in the image or on a volume), or `synthetic:<task>`."""
     prompt_field: str = Field(default="prompt", min_length=1)
-    """The field of each record that holds the prompt."""
+    """The field of each record that holds the prompt: token ids, text, or chat messages (a list
+    of {role, content} objects). Text and messages need a tokenizer (model.tokenizer)."""
     shuffle: bool = True
+    """Serve the prompts in a new seeded order each epoch (a checkpoint keeps the position)."""
+    chat_template: bool = True
+    """Render chat-message prompts with the tokenizer's chat template and its generation prompt.
+    Off: a dataset with chat messages is refused at start."""
+    overlong_prompts: Literal["truncate", "skip"] = "truncate"
+    """A prompt longer than algorithm.maxPromptLength keeps its last maxPromptLength tokens
+    (truncate) or is left out of the dataset (skip); both are counted at start."""
 
 
 class RewardSpec(ApiModel):

@@ -196,6 +196,10 @@ def test_rollout_engines_and_the_attempt_are_in_every_record(tmp_path) -> None:
     assert value(samples, m.ROLLOUT_ENGINES, state="desired") == 2
     metrics.record_startup(4.5)
     assert value(scrape(metrics), m.STARTUP_SECONDS) == 4.5
+    metrics.record_dataset(kept=7, truncated=2, skipped=0)
+    assert value(scrape(metrics), m.DATASET_PROMPTS, outcome="kept") == 7
+    assert value(scrape(metrics), m.DATASET_PROMPTS, outcome="truncated") == 2
+    assert value(scrape(metrics), m.DATASET_PROMPTS, outcome="skipped") == 0
 
 
 def test_extra_fields_cannot_shadow_standard_ones() -> None:

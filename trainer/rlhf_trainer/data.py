@@ -1,9 +1,12 @@
 """Prompt datasets and a seeded, resumable batch iterator.
 
 Prompts come from a JSON-lines file or from a synthetic task (``synthetic:<name>``, see
-:mod:`rlhf_trainer.tasks`). :class:`PromptIterator` walks them epoch by epoch in an order that
-depends only on ``(seed, epoch)``, and its :class:`DataPosition` round-trips through JSON, so a
-run resumed from a checkpoint sees exactly the prompts the uninterrupted run would have seen.
+:mod:`rlhf_trainer.tasks`). A record's prompt is token ids, text (encoded with the job's
+tokenizer) or chat messages (rendered with the tokenizer's chat template and its generation
+prompt); `fit_prompts` then applies ``dataset.overlongPrompts``. :class:`PromptIterator`
+walks them epoch by epoch in an order that depends only on ``(seed, epoch)``, and its
+:class:`DataPosition` round-trips through JSON, so a run resumed from a checkpoint sees exactly
+the prompts the uninterrupted run would have seen.
 """
 
 from __future__ import annotations
@@ -29,19 +32,33 @@ class PromptItem:
 
 
 class Tokenizer(Protocol):
-    """Anything that turns text into token ids; a Hugging Face tokenizer qualifies."""
+    """Turns text into token ids and back; a Hugging Face tokenizer qualifies."""
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+
+NO_TOKENIZER = (
+    "no tokenizer was given (set spec.model.tokenizer, or use a policy directory with one)"
+)
+
 
 def load_jsonl_prompts(
-    path: Path, prompt_field: str = "prompt", tokenizer: Tokenizer | None = None
+    path: Path,
+    prompt_field: str = "prompt",
+    tokenizer: Tokenizer | None = None,
+    chat_template: bool = True,
 ) -> list[PromptItem]:
     """Read one JSON object per line; ``prompt_field`` holds the prompt.
 
-    The prompt is a list of token ids, or a string when a ``tokenizer`` is given. Every other
-    field of the record becomes the item's metadata. Blank lines are skipped; anything else
-    malformed raises ``ValueError`` naming the file and line.
+    The prompt is a list of token ids, a string, or chat messages (``[{"role": ...,
+    "content": ...}, ...]``, rendered with the chat template when `chat_template` is on); text
+    and messages need a ``tokenizer``. Every other field of the record becomes the item's
+    metadata. Blank lines are skipped; anything else malformed raises ``ValueError`` naming the
+    file and line.
     """
     items = []
     with Path(path).open(encoding="utf-8") as lines:
@@ -58,25 +75,99 @@ def load_jsonl_prompts(
             if prompt_field not in record:
                 raise ValueError(f"{where}: no {prompt_field!r} field")
             metadata = {key: value for key, value in record.items() if key != prompt_field}
-            prompt = _prompt_token_ids(record[prompt_field], tokenizer, where)
+            prompt = _prompt_token_ids(record[prompt_field], tokenizer, chat_template, where)
             items.append(PromptItem(prompt=prompt, metadata=metadata))
     return items
 
 
-def _prompt_token_ids(value: Any, tokenizer: Tokenizer | None, where: str) -> list[int]:
+def _prompt_token_ids(
+    value: Any, tokenizer: Tokenizer | None, chat_template: bool, where: str
+) -> list[int]:
     if isinstance(value, str):
         if tokenizer is None:
-            raise ValueError(f"{where}: prompt is text, but no tokenizer was given")
+            raise ValueError(f"{where}: prompt is text, but {NO_TOKENIZER}")
         token_ids = list(tokenizer.encode(value))
+    elif _is_chat(value):
+        if not chat_template:
+            raise ValueError(
+                f"{where}: the prompt is chat messages, but dataset.chatTemplate is off"
+            )
+        if tokenizer is None:
+            raise ValueError(f"{where}: prompt is chat messages, but {NO_TOKENIZER}")
+        token_ids = render_chat(tokenizer, value, where)
     elif isinstance(value, list) and all(
         isinstance(token, int) and not isinstance(token, bool) for token in value
     ):
         token_ids = value
     else:
-        raise ValueError(f"{where}: prompt must be a list of token ids or a string")
+        raise ValueError(
+            f"{where}: prompt must be a list of token ids or a string, or chat messages "
+            '([{"role": ..., "content": ...}, ...])'
+        )
     if not token_ids:
         raise ValueError(f"{where}: prompt is empty")
     return token_ids
+
+
+def _is_chat(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[dict[str, Any]], where: str) -> list[int]:
+    """Token ids of `messages` under the tokenizer's chat template, ending with the prompt for
+    the assistant's turn."""
+    try:
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+    except ValueError as error:  # transformers: the tokenizer has no chat template
+        raise ValueError(f"{where}: cannot apply the chat template: {error}") from error
+    ids = rendered["input_ids"] if isinstance(rendered, Mapping) else rendered
+    return [int(token) for token in ids]
+
+
+@dataclass(frozen=True)
+class PromptCounts:
+    """What `fit_prompts` did with the dataset (logged and exported at start)."""
+
+    kept: int
+    truncated: int
+    skipped: int
+
+
+def fit_prompts(
+    items: Sequence[PromptItem], max_length: int, overlong: str
+) -> tuple[list[PromptItem], PromptCounts]:
+    """Apply ``dataset.overlongPrompts`` to prompts longer than `max_length`: ``truncate``
+    keeps their last `max_length` tokens (the end holds the question and the generation
+    prompt), ``skip`` leaves them out."""
+    if overlong not in ("truncate", "skip"):
+        raise ValueError(f"unknown overlongPrompts {overlong!r}")
+    fitted: list[PromptItem] = []
+    truncated = skipped = 0
+    for item in items:
+        if len(item.prompt) <= max_length:
+            fitted.append(item)
+        elif overlong == "skip":
+            skipped += 1
+        else:
+            truncated += 1
+            fitted.append(PromptItem(item.prompt[-max_length:], item.metadata))
+    if not fitted:
+        raise ValueError(
+            f"every one of the {len(items)} prompts is longer than maxPromptLength "
+            f"({max_length}) and dataset.overlongPrompts is skip"
+        )
+    return fitted, PromptCounts(kept=len(fitted) - truncated, truncated=truncated, skipped=skipped)
 
 
 def synthetic_prompts(task_name: str, count: int, seed: int) -> list[PromptItem]:
@@ -94,11 +185,12 @@ def load_prompts(
     tokenizer: Tokenizer | None = None,
     synthetic_count: int = 1024,
     seed: int = 0,
+    chat_template: bool = True,
 ) -> list[PromptItem]:
     """Prompts from ``"synthetic:<task>"`` (``synthetic_count`` of them) or a JSON-lines path."""
     if source.startswith(SYNTHETIC_PREFIX):
         return synthetic_prompts(source.removeprefix(SYNTHETIC_PREFIX), synthetic_count, seed)
-    return load_jsonl_prompts(Path(source), prompt_field, tokenizer)
+    return load_jsonl_prompts(Path(source), prompt_field, tokenizer, chat_template)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,9 @@ class Trainer:
             self.heartbeat.stop()
             raise
         self.metrics.record_startup(self.actors.seconds)
+        if inputs.prompt_counts is not None:
+            counts = inputs.prompt_counts
+            self.metrics.record_dataset(counts.kept, counts.truncated, counts.skipped)
         groups = self.actors.groups
         self.policy, self.reference, self.critic = groups.policy, groups.reference, groups.critic
         self.groups = groups.all()
@@ -298,16 +301,14 @@ class Trainer:
     def _generate(self, step: int) -> Rollout:
         """This step's prompts, sampled `groupSize` times (GRPO) or once (PPO), seeded by step."""
         algorithm = self.algorithm
-        items = [
-            replace(item, prompt=item.prompt[-algorithm.max_prompt_length :])
-            for item in self.data.next_batch(algorithm.prompts_per_step)
-        ]
+        items = self.data.next_batch(algorithm.prompts_per_step)  # fitted at load (startup)
         sampling = SamplingParams(
             n=algorithm.group_size if algorithm.name == "grpo" else 1,
             temperature=algorithm.temperature,
             top_p=algorithm.top_p,
             max_tokens=algorithm.max_response_length,
             seed=step_seed(algorithm.seed, step),
+            stop_token_ids=self.inputs.stop_token_ids,
             logprobs=False,  # the ranks compute the behaviour log-probs (`_score`)
         )
         with self.phase(m.PHASE_GENERATE):

@@ -49,6 +49,7 @@ POLICY_VERSION_LAG = "rlhf_trainer_policy_version_lag"
 CHECKPOINTS_TOTAL = "rlhf_trainer_checkpoints_total"
 ROLLOUT_ENGINES = "rlhf_trainer_rollout_engines"
 STARTUP_SECONDS = "rlhf_trainer_startup_seconds"
+DATASET_PROMPTS = "rlhf_trainer_dataset_prompts"
 
 METRIC_NAMES = (
     STEP,
@@ -67,10 +68,14 @@ METRIC_NAMES = (
     CHECKPOINTS_TOTAL,
     ROLLOUT_ENGINES,
     STARTUP_SECONDS,
+    DATASET_PROMPTS,
 )
 
 PHASE_LABEL = "phase"
 STATE_LABEL = "state"
+OUTCOME_LABEL = "outcome"
+PROMPT_OUTCOMES = ("kept", "truncated", "skipped")
+"""What loading did with each prompt (dataset.overlongPrompts)."""
 ENGINES_LIVE = "live"
 ENGINES_DESIRED = "desired"
 PHASE_GENERATE = "generate"
@@ -215,6 +220,12 @@ class TrainerMetrics:
             "Seconds the driver took to start or adopt its actors (last start).",
             registry=registry,
         )
+        self.dataset_prompts = Gauge(
+            DATASET_PROMPTS,
+            "Prompts of the dataset by what loading did with them (dataset.overlongPrompts).",
+            [OUTCOME_LABEL],
+            registry=registry,
+        )
         for phase in PHASES:  # expose every phase from the start, so dashboards see zeros
             self.phase_duration.labels(phase)
 
@@ -284,6 +295,11 @@ class TrainerMetrics:
     def record_startup(self, seconds: float) -> None:
         """How long the driver took to have its actors ready."""
         self.startup_seconds.set(seconds)
+
+    def record_dataset(self, kept: int, truncated: int, skipped: int) -> None:
+        """How many prompts loading kept whole, truncated and left out."""
+        for outcome, count in zip(PROMPT_OUTCOMES, (kept, truncated, skipped), strict=True):
+            self.dataset_prompts.labels(outcome).set(count)
 
     def record_checkpoint(self) -> None:
         """A checkpoint completed."""

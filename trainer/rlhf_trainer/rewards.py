@@ -8,9 +8,18 @@ A reward function scores a batch of generated responses. Its signature is::
         metadata: list[dict[str, Any]],  # per-sample fields from the dataset (answer, task, ...)
     ) -> list[float]:                  # one finite reward per sample
 
-It works on token ids (decode them with your tokenizer if you need text), so it runs with tiny
-test models that have no tokenizer. The three lists have the same length; a prompt sampled ``n``
-times for GRPO appears ``n`` times.
+It works on token ids, so it runs with tiny test models that have no tokenizer. The lists have
+the same length; a prompt sampled ``n`` times for GRPO appears ``n`` times.
+
+**Text.** A function that names a parameter ``prompt_texts`` or ``response_texts`` is called by
+keyword instead, with exactly the parameters it declares of ``prompts``, ``responses``,
+``metadata``, ``prompt_texts`` and ``response_texts`` (the texts decoded with the job's tokenizer,
+special tokens left out)::
+
+    def exact_answer(response_texts: list[str], metadata: list[dict[str, Any]]) -> list[float]:
+        ...
+
+Such a function needs a tokenizer (``spec.model.tokenizer``); without one it is refused at start.
 
 Problems with the function itself (it cannot be imported, is not callable, raises, returns the
 wrong number of values or a non-finite value) raise :class:`RewardFunctionError`. Retrying does
@@ -20,14 +29,21 @@ not fix these, so the operator fails the job instead of restarting it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-RewardFunction = Callable[[list[list[int]], list[list[int]], list[dict[str, Any]]], Sequence[float]]
-"""``fn(prompts, responses, metadata) -> rewards``; see the module docstring."""
+RewardFunction = Callable[..., Sequence[float]]
+"""``fn(prompts, responses, metadata) -> rewards``, or by keyword; see the module docstring."""
+Decode = Callable[[list[int]], str]
+"""Token ids to text (the job's tokenizer, special tokens left out)."""
+
+TEXT_PARAMETERS = ("prompt_texts", "response_texts")
+KEYWORD_PARAMETERS = ("prompts", "responses", "metadata", *TEXT_PARAMETERS)
+"""What a keyword-called reward function may ask for."""
 
 
 class RewardFunctionError(Exception):
@@ -76,20 +92,54 @@ def load_reward_function(spec: str) -> RewardFunction:
     return target
 
 
+def keyword_parameters(spec: str, function: RewardFunction) -> tuple[str, ...] | None:
+    """The parameters a text reward function declares (called by keyword), or None for the
+    positional ``(prompts, responses, metadata)`` form."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # builtins without a signature: the positional form
+        return None
+    if not any(name in parameters for name in TEXT_PARAMETERS):
+        return None
+    for name, parameter in parameters.items():
+        is_required = parameter.default is inspect.Parameter.empty and parameter.kind not in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        )
+        if name not in KEYWORD_PARAMETERS and is_required:
+            raise RewardFunctionError(
+                spec,
+                f"parameter {name!r} is not one the trainer passes "
+                f"(it passes {', '.join(KEYWORD_PARAMETERS)})",
+            )
+    return tuple(name for name in KEYWORD_PARAMETERS if name in parameters)
+
+
 @dataclass
 class RuleReward:
     """A loaded reward function plus the checks that make its mistakes fail loudly.
 
-    ``RuleReward.from_spec("pkg.mod:fn")`` loads once; calling it scores a batch and returns a
-    list of floats, raising :class:`RewardFunctionError` on a bad result.
+    ``RuleReward.from_spec("pkg.mod:fn", decode)`` loads once; calling it scores a batch and
+    returns a list of floats, raising :class:`RewardFunctionError` on a bad result.
     """
 
     spec: str
     function: RewardFunction = field(repr=False)
+    keywords: tuple[str, ...] | None = None
+    """The parameters of a keyword-called (text) function; None: positional."""
+    decode: Decode | None = field(default=None, repr=False)
 
     @classmethod
-    def from_spec(cls, spec: str) -> RuleReward:
-        return cls(spec=spec, function=load_reward_function(spec))
+    def from_spec(cls, spec: str, decode: Decode | None = None) -> RuleReward:
+        function = load_reward_function(spec)
+        keywords = keyword_parameters(spec, function)
+        if keywords is not None and decode is None and set(keywords) & set(TEXT_PARAMETERS):
+            raise RewardFunctionError(
+                spec,
+                "takes text, which needs a tokenizer: set spec.model.tokenizer, or use a "
+                "policy directory with one",
+            )
+        return cls(spec=spec, function=function, keywords=keywords, decode=decode)
 
     def __call__(
         self,
@@ -105,12 +155,32 @@ class RuleReward:
             raise ValueError(f"{len(metadata)} metadata entries but {len(responses)} responses")
 
         try:
-            raw = self.function(prompts, responses, metadata)
+            if self.keywords is None:
+                raw = self.function(prompts, responses, metadata)
+            else:
+                raw = self.function(**self._arguments(prompts, responses, metadata))
         except Exception as error:
             raise RewardFunctionError(
                 self.spec, f"raised {type(error).__name__}: {error}"
             ) from error
         return self._validated(raw, expected_count=len(responses))
+
+    def _arguments(
+        self, prompts: list[list[int]], responses: list[list[int]], metadata: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        assert self.keywords is not None
+        available: dict[str, Callable[[], Any]] = {
+            "prompts": lambda: prompts,
+            "responses": lambda: responses,
+            "metadata": lambda: metadata,
+            "prompt_texts": lambda: self._texts(prompts),
+            "response_texts": lambda: self._texts(responses),
+        }
+        return {name: available[name]() for name in self.keywords}
+
+    def _texts(self, token_ids: list[list[int]]) -> list[str]:
+        assert self.decode is not None
+        return [self.decode(ids) for ids in token_ids]
 
     def _validated(self, raw: Any, expected_count: int) -> list[float]:
         if hasattr(raw, "tolist"):  # numpy arrays and torch tensors

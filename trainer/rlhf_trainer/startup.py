@@ -33,11 +33,12 @@ from rlhf_trainer.actors import (
 )
 from rlhf_trainer.adoption import DEFAULT_ADOPT_TIMEOUT_S, kill_job_actors, spec_digest, spec_json
 from rlhf_trainer.colocated import ColocatedRollout
-from rlhf_trainer.data import PromptItem, load_prompts
+from rlhf_trainer.data import PromptCounts, PromptItem, fit_prompts, load_prompts
 from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
 from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.models import model_config
 from rlhf_trainer.rewards import RewardFunctionError, RuleReward
+from rlhf_trainer.tokenizer import decoder, load_tokenizer, stop_token_ids
 from rlhfjob.api import RLHFJobSpec, RoleSpec
 
 SYNTHETIC_DATASET_SIZE = 1024
@@ -65,26 +66,51 @@ class Inputs:
 
     reward: RuleReward
     prompts: list[PromptItem]
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a response (`tokenizer.stop_token_ids`)."""
+    prompt_counts: PromptCounts | None = None
+    """What `dataset.overlongPrompts` did to the dataset."""
 
 
-def load_inputs(spec: RLHFJobSpec, *, check_model: bool = True) -> Inputs:
+def load_inputs(
+    spec: RLHFJobSpec, *, check_model: bool = True, log: Callable[[str], None] = print
+) -> Inputs:
     """The reward function, the prompts and (with `check_model`) the model config;
     NonRetryableError if unusable."""
     if spec.reward.type != "function" or spec.reward.function is None:
         raise NonRetryableError("reward.type model is not supported by this trainer yet")
     try:
-        reward = RuleReward.from_spec(spec.reward.function)
+        tokenizer = load_tokenizer(spec)
+        decode = decoder(tokenizer) if tokenizer is not None else None
+        reward = RuleReward.from_spec(spec.reward.function, decode)
         prompts = load_prompts(
             spec.dataset.source,
             spec.dataset.prompt_field,
+            tokenizer=tokenizer,
             synthetic_count=SYNTHETIC_DATASET_SIZE,
             seed=spec.algorithm.seed,
+            chat_template=spec.dataset.chat_template,
+        )
+        prompts, counts = fit_prompts(
+            prompts, spec.algorithm.max_prompt_length, spec.dataset.overlong_prompts
         )
     except (RewardFunctionError, ValueError, OSError) as error:
         raise NonRetryableError(str(error)) from error
+    if counts.truncated or counts.skipped:
+        total = counts.kept + counts.truncated + counts.skipped
+        done = f"{counts.truncated} truncated" if counts.truncated else f"{counts.skipped} skipped"
+        log(
+            f"{counts.truncated + counts.skipped} of {total} prompts are longer than "
+            f"maxPromptLength ({spec.algorithm.max_prompt_length}): {done}"
+        )
     if check_model:
         check_model_config(spec)
-    return Inputs(reward=reward, prompts=prompts)
+    return Inputs(
+        reward=reward,
+        prompts=prompts,
+        stop_token_ids=stop_token_ids(spec, tokenizer),
+        prompt_counts=counts,
+    )
 
 
 def check_model_config(spec: RLHFJobSpec) -> None:
