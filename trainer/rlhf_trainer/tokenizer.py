@@ -20,16 +20,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def load_tokenizer(spec: RLHFJobSpec) -> Any | None:
     """The job's tokenizer, or None. A named `spec.model.tokenizer` that cannot be loaded
-    raises ``ValueError`` naming it."""
-    from transformers import AutoTokenizer
-
+    raises ``ValueError`` naming it. transformers is imported only when there is one to load
+    (importing it takes seconds, and a warm restart of a token-id job should not pay them)."""
     model = spec.model
     if model.tokenizer is not None:
+        from transformers import AutoTokenizer
+
         try:
             return AutoTokenizer.from_pretrained(model.tokenizer)
         except (OSError, ValueError) as error:
             raise ValueError(f"spec.model.tokenizer {model.tokenizer!r}: {error}") from error
     if model.policy is not None and _holds_tokenizer(Path(model.policy)):
+        from transformers import AutoTokenizer
+
         try:
             return AutoTokenizer.from_pretrained(model.policy)
         except (OSError, ValueError) as error:
