@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -713,6 +714,18 @@ def bench_step(args: argparse.Namespace) -> None:
                             bare_run([rng.randrange(2**31) for _ in range(n_prompts)])
                         )
                 product, bare, bare_seeded = product[1:], bare[1:], bare_seeded[1:]
+
+                # The engine seeds once per call: the same call twice samples the same tokens,
+                # another seed other tokens (what resume equivalence rests on).
+                def sampled(seed: int) -> list[list[int]]:
+                    rows = trainer.fleet.generate(prompts, replace(sampling, seed=seed))
+                    return [c.token_ids for row in rows for c in row]
+
+                first = sampled(7)
+                report.update(
+                    rollout_reproducible=first == sampled(7),
+                    rollout_other_seed_differs=first != sampled(8),
+                )
                 for _ in range(2):
                     prompts = random_prompts(n_prompts)
                     started = time.perf_counter()

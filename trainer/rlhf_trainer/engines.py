@@ -416,7 +416,12 @@ class VLLMEngine:
             raise RuntimeError("the last weight load failed part-way; load weights again first")
         if not prompts:
             return []
-        base_seed = sampling.seed
+        if sampling.seed is not None:
+            # One seed for the whole call, not one per request: vLLM draws the noise of seeded
+            # requests request by request (a kernel each, every token), which cost 27 % of the
+            # rollout at the GRPO shape. The call stays reproducible given seed, weights and
+            # prompts; the fleet fixes which prompts form a call (see `rlhf_trainer.fleet`).
+            self._llm.collective_rpc("rlhf_seed", args=(sampling.seed % 2**63,))
         # Greedy samples are all the same: ask once (some vLLM versions reject n > 1 greedy).
         greedy = sampling.temperature < GREEDY_TEMPERATURE
         params = [
@@ -425,15 +430,12 @@ class VLLMEngine:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
-                # vLLM gives sample j of a request the seed `seed + j`; mixing in the prompt
-                # index keeps prompts on unrelated random streams (31 bits: safe everywhere).
-                seed=None if base_seed is None else derive_seed(base_seed, index) % 2**31,
                 logprobs=0 if sampling.logprobs else None,
                 stop_token_ids=list(sampling.stop_token_ids),
                 ignore_eos=True,  # stop only where the caller says (no tokenizer EOS guessing)
                 detokenize=False,
             )
-            for index in range(len(prompts))
+            for _ in prompts
         ]
         outputs = self._llm.generate(
             [{"prompt_token_ids": list(prompt)} for prompt in prompts], params, use_tqdm=False
@@ -569,6 +571,11 @@ class VLLMWorkerExtension:
         if receiver is None:
             raise RuntimeError("rlhf_init_weight_sync first")
         return receiver.broadcast_bytes(nbytes, repeats)
+
+    def rlhf_seed(self, seed: int) -> None:
+        """Seed the generator vLLM's sampler draws from for requests without their own seed
+        (every worker alike, so tensor-parallel shards sample the same tokens)."""
+        torch.manual_seed(seed)
 
     def rlhf_load_weights(self, weights: list[Sequence[Any]]) -> None:
         self._rlhf_load([(str(name), tensor.to(self.device)) for name, tensor in weights])
