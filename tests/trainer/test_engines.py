@@ -213,10 +213,12 @@ class FakeLLM:
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
         self.calls: list[str] = []
+        self.sampler_seeds: list[int] = []
         self.requests: list[tuple[list[int], Any]] = []
         self.worker = FakeWorker()
 
     def generate(self, prompts: list[dict[str, Any]], params: list[Any], use_tqdm: bool) -> Any:
+        self.sampler_seeds.append(torch.initial_seed())  # what vLLM's sampler would draw from
         outputs = []
         for prompt, param in zip(prompts, params, strict=True):
             self.requests.append((prompt["prompt_token_ids"], param))
@@ -281,14 +283,19 @@ def test_vllm_engine_starts_llm_for_token_ids_and_maps_sampling(fake_vllm: None)
         for p in params
     )
     assert all(p.detokenize is False for p in params)
-    assert len({p.seed for p in params}) == len(PROMPTS)  # one random stream per prompt
+    # One seed for the call, set in the worker before it samples; none per request (vLLM draws
+    # the noise of seeded requests one request at a time).
+    assert all(getattr(p, "seed", None) is None for p in params)
+    assert llm.calls[-1] == "rlhf_seed" and llm.sampler_seeds == [4]
     assert results[1] == [
         Completion([10, 7], [-0.25, -1.5], 0),
         Completion([11, 7], [-0.25, -1.5], 0),
     ]
     llm.requests.clear()
+    torch.manual_seed(99)  # whatever ran in between
     engine.generate(PROMPTS, sampling)
-    assert [p.seed for _, p in llm.requests] == [p.seed for p in params]  # reproducible
+    engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.9, max_tokens=5, seed=5))
+    assert llm.sampler_seeds == [4, 4, 5]  # reproducible, and another seed is another stream
 
     greedy = engine.generate(PROMPTS, SamplingParams(n=3, temperature=0.0))
     assert all(p.n == 1 for _, p in llm.requests[-len(PROMPTS) :])
