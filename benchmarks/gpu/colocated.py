@@ -106,9 +106,13 @@ def versions() -> dict[str, Any]:
 class Report:
     """The JSON result, rewritten whenever it changes (partial results survive a failure)."""
 
-    def __init__(self, path: Path, command: str) -> None:
+    def __init__(self, path: Path, command: str, *, extend: bool = False) -> None:
+        """A new report, or (``extend``) the one at `path` with this command added."""
         self.path = path
         self.data: dict[str, Any] = {"command": command, "versions": versions()}
+        if extend and path.is_file():
+            earlier = json.loads(path.read_text())
+            self.data = earlier | {"command": f"{earlier['command']} && {command}"}
         self.save()
 
     def update(self, **values: Any) -> None:
@@ -881,7 +885,8 @@ def bench_step(args: argparse.Namespace) -> None:
 def bench_job(args: argparse.Namespace) -> None:
     import yaml
 
-    report = Report(args.out / "job.json", " ".join(sys.argv))
+    # Two calls when one would outlive a time limit: `--part first`, then `--part resumed`.
+    report = Report(args.out / "job.json", " ".join(sys.argv), extend=args.part == "resumed")
     work = Path(args.work)
     document = yaml.safe_load((REPO / "examples" / "grpo-1gpu.yaml").read_text())
     spec = document["spec"]
@@ -897,7 +902,14 @@ def bench_job(args: argparse.Namespace) -> None:
         spec["checkpoint"]["intervalSteps"] = 2
         model_dir = work / "models" / "tiny"
     spec["model"]["policy"] = str(model_dir)
-    with report.section("save_model"):
+    job_path = work / "grpo-1gpu.yaml"
+    total = spec["algorithm"]["totalSteps"]
+    stop_after = spec["checkpoint"]["intervalSteps"] * (2 if not args.tiny else 1)
+    run_dir = work / "checkpoints" / "default" / document["metadata"]["name"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+
+    def save_model() -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -911,13 +923,7 @@ def bench_job(args: argparse.Namespace) -> None:
         model.save_pretrained(model_dir)
         del model
         report.update(model_dir_bytes=sum(p.stat().st_size for p in model_dir.iterdir()))
-    job_path = work / "grpo-1gpu.yaml"
-    job_path.write_text(yaml.safe_dump(document))
-    total = spec["algorithm"]["totalSteps"]
-    stop_after = spec["checkpoint"]["intervalSteps"] * (2 if not args.tiny else 1)
-    run_dir = work / "checkpoints" / "default" / document["metadata"]["name"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        job_path.write_text(yaml.safe_dump(document))
 
     def run(extra: list[str], log: Path, stop_at: int | None) -> dict[str, Any]:
         started = time.perf_counter()
@@ -950,8 +956,13 @@ def bench_job(args: argparse.Namespace) -> None:
             "log_tail": text[-3000:],
         }
 
-    with report.section("first"):
-        report.update(first=run([], args.out / "job-first.log", stop_after))
+    if args.part in ("all", "first"):
+        with report.section("save_model"):
+            save_model()
+        with report.section("first"):
+            report.update(first=run([], args.out / "job-first.log", stop_after))
+    if args.part == "first":
+        return
     with report.section("resumed"):
         report.update(resumed=run(["--resume-from", "latest"], args.out / "job-resumed.log", None))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -1098,6 +1109,12 @@ def main() -> None:
             help="update: the ZeRO variants load a saved checkpoint (partitioned under ZeRO-3)",
         )
         p.add_argument("--sleep-level", type=int, default=2)
+        p.add_argument(
+            "--part",
+            choices=("all", "first", "resumed"),
+            default="all",
+            help="job: the stopped first run, the resumed run (same --work), or both",
+        )
         p.add_argument("--work", default="/tmp/rlhf-gpu-job")
     p = sub.add_parser("summary")
     p.add_argument("directory", type=Path)
