@@ -983,7 +983,9 @@ def bench_job(args: argparse.Namespace) -> None:
         reward_first_steps=sum(rewards[:5]) / len(rewards[:5]),
         reward_last_steps=sum(rewards[-5:]) / len(rewards[-5:]),
         resumed_from=[
-            ln for ln in report.data["resumed"]["log_tail"].splitlines() if "resuming from" in ln
+            ln
+            for ln in (args.out / "job-resumed.log").read_text().splitlines()
+            if "resuming from" in ln
         ][:1],
     )
     for name in ("metrics.jsonl", "reward_curve.png"):
