@@ -398,6 +398,11 @@ class AlgorithmSpec(ApiModel):
     job has a tokenizer). Off: responses run to maxResponseLength unless stopTokenIds stop them."""
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
     """More token ids that end a response (kept as its last token)."""
+    stop_strings: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=16
+    )
+    """Text that ends a response: it ends with the token that completes the first occurrence
+    (needs a tokenizer)."""
     temperature: float = Field(default=1.0, gt=0, le=10)
     top_p: float = Field(default=1.0, gt=0, le=1)
     clip_range: float = Field(default=0.2, gt=0, le=10)
@@ -446,7 +451,8 @@ class DatasetSpec(ApiModel):
     """Where prompts come from."""
 
     source: str = Field(min_length=1)
-    """A JSON-lines file (path in the image or on a volume), or `synthetic:<task>`."""
+    """A JSON-lines file, a Parquet file (`.parquet`) — a path in the image or on a volume —
+    or `synthetic:<task>`."""
     prompt_field: str = Field(default="prompt", min_length=1)
     """The field of each record that holds the prompt: token ids, text, or chat messages (a list
     of {role, content} objects). Text and messages need a tokenizer (model.tokenizer)."""
@@ -460,12 +466,40 @@ class DatasetSpec(ApiModel):
     (truncate) or is left out of the dataset (skip); both are counted at start."""
 
 
-class RewardSpec(ApiModel):
-    """How responses are scored."""
+class RemoteRewardSpec(ApiModel):
+    """An HTTP reward server the trainer calls, batched, with timeouts and retries."""
 
-    type: Literal["function", "model"] = "function"
+    url: str = Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)
+    """The endpoint; requests are POSTed to this URL as is (for example
+    `http://rm.team.svc:8000/classify`)."""
+    protocol: Literal["rlhfjob", "classify"] = "rlhfjob"
+    """`rlhfjob`: this project's JSON protocol (`{prompts, responses, metadata}` in, `{rewards}`
+    out; docs/reward-protocol.md). `classify`: the classification API of vLLM and other
+    OpenAI-compatible servers (`{model, input}` in, `{data: [{probs}]}` out) serving a
+    sequence-classification reward model; the reward is the raw logit of label 0."""
+    model: str | None = Field(default=None, min_length=1, max_length=512)
+    """The model name sent with `classify` requests (a server serving one model ignores it)."""
+    timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """Bound on one request."""
+    max_retries: int = Field(default=3, ge=0, le=100)
+    """Retries of a request that timed out, could not connect or got a 5xx or 429; the step
+    fails (retryably) once they are spent. A 4xx other than 429 fails the job at once."""
+    backoff_seconds: float = Field(default=1.0, ge=0, le=600)
+    """First delay before a retry; doubles each time."""
+    max_concurrency: int = Field(default=4, ge=1, le=256)
+    """Requests in flight at once."""
+    batch_size: int = Field(default=64, ge=1, le=65536)
+    """Samples per request."""
+
+
+class RewardSourceSpec(ApiModel):
+    """One way to score responses: a rule function, the reward-model role, or a remote server."""
+
+    type: Literal["function", "model", "remote"] = "function"
     function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     """A rule reward as `module:function` importable in the trainer image."""
+    remote: RemoteRewardSpec | None = None
+    """The HTTP reward server, for `type: remote`."""
 
     cel_rules = (
         CelRule(
@@ -478,7 +512,94 @@ class RewardSpec(ApiModel):
             "function must be empty when type is model",
             ".function",
         ),
+        CelRule(
+            "self.type != 'remote' || has(self.remote)",
+            "type remote needs remote (url)",
+            ".remote",
+        ),
+        CelRule(
+            "self.type == 'remote' || !has(self.remote)",
+            "remote must be empty unless type is remote",
+            ".remote",
+        ),
     )
+
+
+class RewardComponentSpec(RewardSourceSpec):
+    """One weighted part of a combined reward."""
+
+    name: str | None = Field(
+        default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63
+    )
+    """Its label in metrics and the step log; defaults to its type (with its position when two
+    share one)."""
+    weight: float = Field(default=1.0, ge=-1000, le=1000)
+    """Its factor in the sum."""
+
+
+class RewardSpec(ApiModel):
+    """How responses are scored: one source, or (`type: combined`) a weighted sum of several."""
+
+    type: Literal["function", "model", "remote", "combined"] = "function"
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    """A rule reward as `module:function` importable in the trainer image."""
+    remote: RemoteRewardSpec | None = None
+    """The HTTP reward server, for `type: remote`."""
+    components: list[RewardComponentSpec] = Field(default_factory=list, max_length=16)
+    """The parts of a `combined` reward: reward = sum of weight x score."""
+    normalize: bool = False
+    """Standardise each source's scores over the step's batch (mean 0, std 1) before weighting,
+    so weights compare sources of different scales."""
+    batch_size: int = Field(default=32, ge=1, le=65536)
+    """Samples per scoring call to a reward-model replica."""
+
+    cel_rules = (
+        *RewardSourceSpec.cel_rules[:3],
+        CelRule(
+            "self.type == 'remote' || !has(self.remote)",
+            "remote must be empty unless type is remote",
+            ".remote",
+        ),
+        CelRule(
+            "self.type != 'combined' || (has(self.components) && size(self.components) >= 1)",
+            "type combined needs components",
+            ".components",
+        ),
+        CelRule(
+            "self.type == 'combined' || !has(self.components) || size(self.components) == 0",
+            "components must be empty unless type is combined",
+            ".components",
+        ),
+        CelRule(
+            "self.type != 'combined' || !has(self.function)",
+            "function must be empty when type is combined (name it in a component)",
+            ".function",
+        ),
+        CelRule(
+            "!has(self.components) || self.components.all(c, !has(c.name) || "
+            "self.components.filter(d, has(d.name) && d.name == c.name).size() == 1)",
+            "component names must be unique",
+            ".components",
+        ),
+    )
+
+    def sources(self) -> list[tuple[str, RewardSourceSpec, float]]:
+        """``(name, source, weight)`` for each part: the components, or the spec itself."""
+        if self.type != "combined":
+            single = RewardSourceSpec(type=self.type, function=self.function, remote=self.remote)
+            return [(self.type, single, 1.0)]
+        types = [component.type for component in self.components]
+        named: list[tuple[str, RewardSourceSpec, float]] = []
+        for index, component in enumerate(self.components):
+            default = (
+                component.type if types.count(component.type) == 1 else f"{component.type}-{index}"
+            )
+            named.append((component.name or default, component, component.weight))
+        return named
+
+    def uses_model(self) -> bool:
+        """Whether the reward-model role scores (alone or as a component)."""
+        return any(source.type == "model" for _, source, _ in self.sources())
 
 
 class CheckpointSpec(ApiModel):
@@ -573,7 +694,9 @@ class RLHFJobSpec(ApiModel):
             ".roles",
         ),
         CelRule(
-            "self.reward.type != 'model' || (has(self.roles.reward) && has(self.model.reward))",
+            "!(self.reward.type == 'model' || (has(self.reward.components)"
+            " && self.reward.components.exists(c, c.type == 'model')))"
+            " || (has(self.roles.reward) && has(self.model.reward))",
             "reward.type model needs roles.reward and model.reward",
             ".reward",
         ),

@@ -226,6 +226,78 @@ INVALID_CASES: list[InvalidCase] = [
         "reward.type model needs roles.reward and model.reward",
     ),
     InvalidCase(
+        "reward-model-component-without-role",
+        _spec(
+            reward={
+                "type": "combined",
+                "function": None,
+                "components": [{"function": "tasks:score"}, {"type": "model", "weight": 0.5}],
+            }
+        ),
+        "spec.reward",
+        "reward.type model needs roles.reward and model.reward",
+    ),
+    InvalidCase(
+        "reward-remote-without-url",
+        _spec(reward={"type": "remote", "function": None}),
+        "spec.reward.remote",
+        "type remote needs remote (url)",
+    ),
+    InvalidCase(
+        "reward-remote-url-not-http",
+        _spec(reward={"type": "remote", "function": None, "remote": {"url": "ftp://rm/score"}}),
+        "spec.reward.remote.url",
+    ),
+    InvalidCase(
+        "reward-remote-zero-concurrency",
+        _spec(
+            reward={
+                "type": "remote",
+                "function": None,
+                "remote": {"url": "http://rm:8000/score", "maxConcurrency": 0},
+            }
+        ),
+        "spec.reward.remote.maxConcurrency",
+    ),
+    InvalidCase(
+        "reward-combined-without-components",
+        _spec(reward={"type": "combined", "function": None}),
+        "spec.reward.components",
+        "type combined needs components",
+    ),
+    InvalidCase(
+        "reward-components-without-combined",
+        _spec(reward={"components": [{"function": "tasks:score"}]}),
+        "spec.reward.components",
+        "components must be empty unless type is combined",
+    ),
+    InvalidCase(
+        "reward-component-names-repeat",
+        _spec(
+            reward={
+                "type": "combined",
+                "function": None,
+                "components": [
+                    {"function": "tasks:score", "name": "math"},
+                    {"function": "tasks:other", "name": "math"},
+                ],
+            }
+        ),
+        "spec.reward.components",
+        "component names must be unique",
+    ),
+    InvalidCase(
+        "reward-component-remote-without-url",
+        _spec(reward={"type": "combined", "function": None, "components": [{"type": "remote"}]}),
+        "spec.reward.components[0].remote",
+        "type remote needs remote (url)",
+    ),
+    InvalidCase(
+        "stop-string-empty",
+        _spec(algorithm={"stopStrings": [""]}),
+        "spec.algorithm.stopStrings[0]",
+    ),
+    InvalidCase(
         "checkpoint-path-relative", _spec(checkpoint={"path": "ckpt"}), "spec.checkpoint.path"
     ),
     InvalidCase(
