@@ -20,36 +20,14 @@ from rlhf_trainer.rewards import RewardFunctionError, RuleReward, keyword_parame
 from rlhf_trainer.startup import NonRetryableError, load_inputs
 from rlhf_trainer.tokenizer import decoder, load_tokenizer, stop_token_ids
 from rlhfjob.config import load_job
+from trainer.tiny_text import save_tiny_tokenizer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-CORPUS = ["what is two plus two", "the answer is 4", "\\boxed{4}", "hello world", "a b c d e"]
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<eos>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    bpe.train_from_iterator(CORPUS, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    directory = tmp_path_factory.mktemp("tokenizer")
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="module")
