@@ -32,6 +32,7 @@ FULL_REPORT = LeaseReport(
     checkpoint_path="/ckpt/ns/job/step-10",
     attempt=2,
     rollout_engines=EngineCount(1, 2),
+    reward_models=EngineCount(2, 3),
 )
 
 
@@ -83,6 +84,7 @@ def test_lease_report_annotations_are_the_wire_format() -> None:
         "rlhf.dev/checkpoint-path": "/ckpt/ns/job/step-10",
         "rlhf.dev/attempt": "2",
         "rlhf.dev/rollout-engines": "1/2",
+        "rlhf.dev/reward-models": "2/3",
     }
 
 

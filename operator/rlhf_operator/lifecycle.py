@@ -456,9 +456,12 @@ class _Planner:
             if role in elastic and view.ready < view.desired:
                 short.append(f"{role} {view.ready}/{view.desired} pods ready")
         beat = self.seen.heartbeat
-        engines = beat.rollout_engines if beat is not None else None
-        if engines is not None and engines[0] < engines[1]:
-            short.append(f"{engines[0]}/{engines[1]} rollout engines")
+        for count, what in (
+            (beat.rollout_engines if beat else None, "rollout engines"),
+            (beat.reward_models if beat else None, "reward models"),
+        ):
+            if count is not None and count.live < count.desired:
+                short.append(f"{count} {what}")
         return ", ".join(short)
 
     def show_degraded(self, shortfall: str) -> None:

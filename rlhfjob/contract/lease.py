@@ -27,6 +27,8 @@ LEASE_STEP_TIME = f"{GROUP}/step-time"
 """RFC 3339 time at which `step` last advanced: the operator's evidence of progress."""
 LEASE_ROLLOUT_ENGINES = f"{GROUP}/rollout-engines"
 """`<live>/<desired>` rollout engines the trainer generates with (elastic roles, decision 5)."""
+LEASE_REWARD_MODELS = f"{GROUP}/reward-models"
+"""`<live>/<desired>` reward-model replicas the trainer scores with (an elastic role too)."""
 LEASE_CHECKPOINT_REQUESTED_AT = f"{GROUP}/checkpoint-requested-at"
 """When the trainer saw a request to checkpoint now (preemption): its acknowledgement."""
 LEASE_CHECKPOINT_SAVED_STEP = f"{GROUP}/checkpoint-saved-step"
@@ -44,7 +46,8 @@ def parse_time(value: str | None) -> datetime | None:
 
 
 class EngineCount(NamedTuple):
-    """Live and desired rollout engines; on the wire ``<live>/<desired>``."""
+    """Live and desired members of an elastic role (rollout engines, reward models); on the wire
+    ``<live>/<desired>``."""
 
     live: int
     desired: int
@@ -93,6 +96,9 @@ class LeaseReport:
     rollout_engines: EngineCount | None = field(
         default=None, metadata=_wire(LEASE_ROLLOUT_ENGINES, _ENGINES)
     )
+    reward_models: EngineCount | None = field(
+        default=None, metadata=_wire(LEASE_REWARD_MODELS, _ENGINES)
+    )
     checkpoint_requested_at: datetime | None = field(
         default=None, metadata=_wire(LEASE_CHECKPOINT_REQUESTED_AT, _TIME)
     )
@@ -101,8 +107,12 @@ class LeaseReport:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.rollout_engines, str):  # the wire form is accepted too: "1/2"
-            object.__setattr__(self, "rollout_engines", EngineCount.parse(self.rollout_engines))
+        for name in ("rollout_engines", "reward_models"):  # "1/2" and (1, 2) are accepted too
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, EngineCount.parse(value))
+            elif isinstance(value, tuple) and not isinstance(value, EngineCount):
+                object.__setattr__(self, name, EngineCount(*value))
 
     @classmethod
     def key(cls, name: str) -> str:

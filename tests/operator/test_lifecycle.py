@@ -22,6 +22,7 @@ from rlhf_operator.names import submission_id
 from rlhf_operator.views import ClusterView, HeartbeatView, Observed, RayJobView, RoleView
 from rlhfjob.api import Phase, RLHFJob
 from rlhfjob.config import parse_job
+from rlhfjob.contract import EngineCount
 from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
 
@@ -505,6 +506,28 @@ def test_a_trainer_that_failed_with_its_pod_gone_restarts_as_trainer_pod_lost() 
     assert record.reason == "TrainerPodLost"
     assert record.message == "trainer 1/2 pods ready; Failed: ActorDiedError: rank 1 died"
     assert record.detection_seconds == 3
+
+
+def test_a_reward_model_replica_lost_is_degraded_from_the_pods_and_the_trainer() -> None:
+    roles = {"reward": {"replicas": 2, "minReplicas": 1}}
+    job = make_job(submitted(), reward={"type": "model", "function": None},
+                   model={"reward": "/models/rm"}, roles=roles)  # fmt: skip
+    beat = HeartbeatView(renewed=at(99), step=7, attempt=0, reward_models=EngineCount(1, 2))
+    seen = Observed(job=job, now=at(100), created=at(0), heartbeat=beat,
+                    cluster=with_roles(trainer=(2, 2), reward=(1, 2)),
+                    ray_job=ray_job("RUNNING"))  # fmt: skip
+    plan = decide(seen)
+    assert plan.status.phase == Phase.RUNNING
+    degraded = next(c for c in plan.status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.message) == ("True", "reward 1/2 pods ready, 1/2 reward models")
+
+    # The replacement scores again: every replica back, Degraded clears.
+    job = make_job(plan.status.wire(), reward={"type": "model", "function": None},
+                   model={"reward": "/models/rm"}, roles=roles)  # fmt: skip
+    back = decide(replace(seen, job=job, cluster=with_roles(trainer=(2, 2), reward=(2, 2)),
+                          heartbeat=replace(beat, reward_models=EngineCount(2, 2))))  # fmt: skip
+    assert [c.status for c in back.status.conditions if c.type == "Degraded"] == ["False"]
+    assert [e.reason for e in back.events] == ["ReplicasRestored"]
 
 
 def test_an_elastic_role_below_its_replicas_is_degraded_not_failed() -> None:
