@@ -531,8 +531,8 @@ class RewardComponentSpec(RewardSourceSpec):
     name: str | None = Field(
         default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63
     )
-    """Its label in metrics and the step log; defaults to its type (with its position when two
-    share one)."""
+    """Its label in metrics and the step log; defaults to its type. Labels that two components
+    share get each component's position appended."""
     weight: float = Field(default=1.0, ge=-1000, le=1000)
     """Its factor in the sum."""
 
@@ -575,12 +575,6 @@ class RewardSpec(ApiModel):
             "function must be empty when type is combined (name it in a component)",
             ".function",
         ),
-        CelRule(
-            "!has(self.components) || self.components.all(c, !has(c.name) || "
-            "self.components.filter(d, has(d.name) && d.name == c.name).size() == 1)",
-            "component names must be unique",
-            ".components",
-        ),
     )
 
     def sources(self) -> list[tuple[str, RewardSourceSpec, float]]:
@@ -588,13 +582,13 @@ class RewardSpec(ApiModel):
         if self.type != "combined":
             single = RewardSourceSpec(type=self.type, function=self.function, remote=self.remote)
             return [(self.type, single, 1.0)]
-        types = [component.type for component in self.components]
+        labels = [component.name or component.type for component in self.components]
         named: list[tuple[str, RewardSourceSpec, float]] = []
         for index, component in enumerate(self.components):
-            default = (
-                component.type if types.count(component.type) == 1 else f"{component.type}-{index}"
-            )
-            named.append((component.name or default, component, component.weight))
+            label = labels[index]
+            if labels.count(label) > 1:  # two of a type (or one name given twice): add the position
+                label = f"{label}-{index}"
+            named.append((label, component, component.weight))
         return named
 
     def uses_model(self) -> bool:

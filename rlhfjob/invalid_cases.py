@@ -272,21 +272,6 @@ INVALID_CASES: list[InvalidCase] = [
         "components must be empty unless type is combined",
     ),
     InvalidCase(
-        "reward-component-names-repeat",
-        _spec(
-            reward={
-                "type": "combined",
-                "function": None,
-                "components": [
-                    {"function": "tasks:score", "name": "math"},
-                    {"function": "tasks:other", "name": "math"},
-                ],
-            }
-        ),
-        "spec.reward.components",
-        "component names must be unique",
-    ),
-    InvalidCase(
         "reward-component-remote-without-url",
         _spec(reward={"type": "combined", "function": None, "components": [{"type": "remote"}]}),
         "spec.reward.components[0].remote",

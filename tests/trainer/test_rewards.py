@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from rlhf_trainer import tasks
-from rlhf_trainer.rewards import RewardFunctionError, RuleReward, load_reward_function
+from rlhf_trainer.rewards import (
+    CombinedReward,
+    ModelReward,
+    RewardFunctionError,
+    RewardPart,
+    RuleReward,
+    load_reward_function,
+    standardised,
+)
 
 _unique = itertools.count()
 
@@ -139,3 +148,102 @@ def test_mismatched_batch_lengths_are_a_caller_error() -> None:
         reward([[1], [2]], [[1]])
     with pytest.raises(ValueError, match="1 metadata entries but 2 responses"):
         reward([[1], [2]], [[1], [2]], [{}])
+
+
+# -- the job's reward: one source or a weighted sum ---------------------------------------
+
+
+def constant(value: float):  # type: ignore[no-untyped-def]
+    return lambda prompts, responses, metadata=None: [value] * len(responses)
+
+
+def by_length(prompts, responses, metadata=None):  # type: ignore[no-untyped-def]
+    return [float(len(r)) for r in responses]
+
+
+PROMPTS, RESPONSES = [[1], [1], [2]], [[5], [5, 6], [5, 6, 7]]
+
+
+def test_one_part_of_weight_one_is_that_part_unchanged() -> None:
+    reward = CombinedReward([RewardPart("function", 1.0, by_length)])
+    assert reward(PROMPTS, RESPONSES) == [1.0, 2.0, 3.0]
+    assert reward.last_breakdown == {"function": 2.0}
+
+
+def test_parts_are_summed_by_weight_and_each_mean_is_reported() -> None:
+    reward = CombinedReward(
+        [RewardPart("length", 0.5, by_length), RewardPart("format", -2.0, constant(1.0))]
+    )
+    assert reward(PROMPTS, RESPONSES) == [-1.5, -1.0, -0.5]
+    assert reward.last_breakdown == {"length": 2.0, "format": 1.0}
+
+
+def test_normalised_parts_are_standardised_over_the_batch_before_weighting() -> None:
+    reward = CombinedReward(
+        [RewardPart("length", 1.0, by_length), RewardPart("flat", 10.0, constant(7.0))],
+        normalize=True,
+    )
+    scores = reward(PROMPTS, RESPONSES)
+    # by_length standardised: mean 2, std sqrt(2/3); a part without signal adds 0.
+    assert scores == pytest.approx([-1.2247449, 0.0, 1.2247449])
+    assert reward.last_breakdown == {"length": 2.0, "flat": 7.0}  # raw means
+    assert standardised([0.7] * 7) == [0.0] * 7
+
+
+def test_a_part_that_returns_the_wrong_count_or_a_nan_fails_naming_it() -> None:
+    short = CombinedReward([RewardPart("rm", 1.0, lambda p, r, m=None: [1.0])])
+    with pytest.raises(RewardFunctionError, match=r"'rm'.*1 scores"):
+        short(PROMPTS, RESPONSES)
+    nan = CombinedReward([RewardPart("rm", 1.0, constant(float("nan")))])
+    with pytest.raises(RewardFunctionError, match="'rm'"):
+        nan(PROMPTS, RESPONSES)
+
+
+def test_a_model_part_decodes_and_asks_its_replicas_once_attached() -> None:
+    class Replicas:
+        def score(self, prompt_texts, response_texts, batch_size):  # type: ignore[no-untyped-def]
+            self.seen = (prompt_texts, response_texts, batch_size)
+            return [float(len(t)) for t in response_texts]
+
+    part = ModelReward(lambda ids: "x" * sum(ids), batch_size=8)
+    reward = CombinedReward([RewardPart("model", 1.0, part)])
+    assert reward.model_parts() == [part]
+    with pytest.raises(RuntimeError, match="not started"):
+        reward(PROMPTS, RESPONSES)
+    replicas = Replicas()
+    part.attach(replicas)
+    assert reward(PROMPTS, RESPONSES) == [5.0, 11.0, 18.0]
+    assert replicas.seen == (["x", "x", "xx"], ["x" * 5, "x" * 11, "x" * 18], 8)
+
+
+def test_build_reward_makes_one_part_per_source_with_its_name_and_weight() -> None:
+    from rlhf_trainer.startup import build_reward
+    from rlhfjob.api import RewardSpec
+
+    def spec_with(reward: dict) -> SimpleNamespace:  # type: ignore[type-arg]
+        return SimpleNamespace(reward=RewardSpec.model_validate(reward))
+
+    single = build_reward(spec_with({"function": "rlhf_trainer.tasks:target_token_reward"}), None)  # type: ignore[arg-type]
+    assert [(p.name, p.weight) for p in single.parts] == [("function", 1.0)]
+    combined = build_reward(
+        spec_with(  # type: ignore[arg-type]
+            {
+                "type": "combined",
+                "normalize": True,
+                "components": [
+                    {"function": "rlhf_trainer.tasks:target_token_reward", "name": "target"},
+                    {"function": "rlhf_trainer.tasks:target_token_reward", "weight": 0.5},
+                    {"type": "model", "weight": 2.0},
+                ],
+            }
+        ),
+        lambda ids: " ".join(map(str, ids)),
+    )
+    assert [(p.name, p.weight) for p in combined.parts] == [
+        ("target", 1.0),
+        ("function", 0.5),
+        ("model", 2.0),
+    ]
+    assert combined.normalize and len(combined.model_parts()) == 1
+    with pytest.raises(RewardFunctionError, match="needs a tokenizer"):
+        build_reward(spec_with({"type": "model"}), None)  # type: ignore[arg-type]

@@ -42,6 +42,8 @@ WEIGHT_SYNC_DURATION_SECONDS = "rlhf_trainer_weight_sync_duration_seconds"
 WEIGHT_SYNC_BYTES_TOTAL = "rlhf_trainer_weight_sync_bytes_total"
 REWARD_MEAN = "rlhf_trainer_reward_mean"
 REWARD_STD = "rlhf_trainer_reward_std"
+REWARD_COMPONENT = "rlhf_trainer_reward_component"
+REWARD_MODELS = "rlhf_trainer_reward_models"
 KL = "rlhf_trainer_kl"
 POLICY_LOSS = "rlhf_trainer_policy_loss"
 VALUE_LOSS = "rlhf_trainer_value_loss"
@@ -61,6 +63,8 @@ METRIC_NAMES = (
     WEIGHT_SYNC_BYTES_TOTAL,
     REWARD_MEAN,
     REWARD_STD,
+    REWARD_COMPONENT,
+    REWARD_MODELS,
     KL,
     POLICY_LOSS,
     VALUE_LOSS,
@@ -74,6 +78,7 @@ METRIC_NAMES = (
 PHASE_LABEL = "phase"
 STATE_LABEL = "state"
 OUTCOME_LABEL = "outcome"
+COMPONENT_LABEL = "component"
 PROMPT_OUTCOMES = ("kept", "truncated", "skipped")
 """What loading did with each prompt (dataset.overlongPrompts)."""
 ENGINES_LIVE = "live"
@@ -119,6 +124,7 @@ _STANDARD_RECORD_KEYS = frozenset(
         "weight_sync_bytes",
         "checkpoints",
         "rollout_engines",
+        "reward_components",
         "attempt",
     }
 )
@@ -195,6 +201,18 @@ class TrainerMetrics:
         self.reward_mean = Gauge(REWARD_MEAN, "Mean reward of the last step.", registry=registry)
         self.reward_std = Gauge(
             REWARD_STD, "Standard deviation of rewards in the last step.", registry=registry
+        )
+        self.reward_component = Gauge(
+            REWARD_COMPONENT,
+            "Mean score of each part of the reward in the last step, before weighting.",
+            [COMPONENT_LABEL],
+            registry=registry,
+        )
+        self.reward_models = Gauge(
+            REWARD_MODELS,
+            "Reward-model replicas: live (scoring) and desired (the role's replicas).",
+            [STATE_LABEL],
+            registry=registry,
         )
         self.kl = Gauge(KL, "Mean KL(policy || reference) in the last step.", registry=registry)
         self.policy_loss = Gauge(POLICY_LOSS, "Policy loss of the last step.", registry=registry)
@@ -292,6 +310,11 @@ class TrainerMetrics:
         with self._lock:
             self._rollout_engines = live
 
+    def set_reward_models(self, live: int, desired: int) -> None:
+        """The reward-model replicas now live out of those desired (an elastic role)."""
+        self.reward_models.labels(ENGINES_LIVE).set(live)
+        self.reward_models.labels(ENGINES_DESIRED).set(desired)
+
     def record_startup(self, seconds: float) -> None:
         """How long the driver took to have its actors ready."""
         self.startup_seconds.set(seconds)
@@ -317,13 +340,15 @@ class TrainerMetrics:
         policy_loss: float | None = None,
         value_loss: float | None = None,
         policy_version_lag: int = 0,
+        reward_components: Mapping[str, float] | None = None,
         extra: Mapping[str, float] | None = None,
     ) -> dict[str, Any]:
         """Publish the step's scalars and append its JSON line. Returns the record written.
 
         ``None`` leaves a gauge at its previous value and writes ``null`` to the log. ``extra``
         holds further numbers for the log only (entropy, clip fraction, learning rate, ...);
-        its keys must not shadow the standard ones.
+        its keys must not shadow the standard ones. ``reward_components`` is the mean score of
+        each part of the reward, before weighting.
         """
         clashes = sorted(set(extra or {}) & _STANDARD_RECORD_KEYS)
         if clashes:
@@ -340,6 +365,8 @@ class TrainerMetrics:
         self.reward_mean.set(reward_mean)
         self.reward_std.set(reward_std)
         self.policy_version_lag.set(policy_version_lag)
+        for component, score in (reward_components or {}).items():
+            self.reward_component.labels(component).set(score)
         for gauge, value in (
             (self.kl, kl),
             (self.policy_loss, policy_loss),
@@ -364,6 +391,7 @@ class TrainerMetrics:
             "policy_version_lag": policy_version_lag,
             "generated_tokens_per_second": tokens_per_second,
             "rollout_engines": rollout_engines,
+            "reward_components": dict(reward_components or {}),
             "attempt": self.attempt,
             **pending,
             **dict(extra or {}),

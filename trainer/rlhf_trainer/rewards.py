@@ -203,3 +203,102 @@ class RuleReward:
                 raise RewardFunctionError(self.spec, f"reward {index} is {value}, not finite")
             rewards.append(float(value))
         return rewards
+
+
+# --------------------------------------------------------------------------------------------
+# The job's reward: one source or a weighted sum of several
+
+
+Score = Callable[[list[list[int]], list[list[int]], list[dict[str, Any]] | None], Sequence[float]]
+"""What every reward source is called as: ``(prompts, responses, metadata) -> rewards``."""
+
+
+class ModelReward:
+    """The reward-model role as a reward source: decodes the texts and has the role's replicas
+    score them (each re-tokenizes with its own tokenizer). The replicas start with the other
+    actors, after the inputs load, so they are attached later (`attach`)."""
+
+    def __init__(self, decode: Decode, batch_size: int) -> None:
+        self.decode = decode
+        self.batch_size = batch_size
+        self.fleet: Any = None
+        """A `reward_models.RewardModelFleet`, once the actors are up."""
+
+    def attach(self, fleet: Any) -> None:
+        self.fleet = fleet
+
+    def __call__(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        metadata: list[dict[str, Any]] | None = None,
+    ) -> list[float]:
+        if self.fleet is None:
+            raise RuntimeError("the reward-model replicas are not started (attach a fleet first)")
+        prompt_texts = [self.decode(ids) for ids in prompts]
+        response_texts = [self.decode(ids) for ids in responses]
+        return list(self.fleet.score(prompt_texts, response_texts, self.batch_size))
+
+
+@dataclass(frozen=True)
+class RewardPart:
+    """One source of the reward, its label (metrics, step log) and its weight."""
+
+    name: str
+    weight: float
+    score: Score = field(repr=False)
+
+
+@dataclass
+class CombinedReward:
+    """The job's reward: ``sum(weight x score)`` over its parts, each part's scores optionally
+    standardised over the batch first (`normalize`: weights then compare sources of different
+    scales; a part whose scores are all equal contributes 0). One part of weight 1 without
+    normalisation is that part's scores unchanged.
+
+    Called like a rule reward; `last_breakdown` holds each part's mean raw score of the last
+    call, for the metrics and the step log.
+    """
+
+    parts: list[RewardPart]
+    normalize: bool = False
+    last_breakdown: dict[str, float] = field(default_factory=dict)
+
+    def __call__(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        metadata: list[dict[str, Any]] | None = None,
+    ) -> list[float]:
+        totals = [0.0] * len(responses)
+        breakdown: dict[str, float] = {}
+        for part in self.parts:
+            scores = [float(value) for value in part.score(prompts, responses, metadata)]
+            if len(scores) != len(responses) or not all(map(math.isfinite, scores)):
+                raise RewardFunctionError(
+                    part.name, f"gave {len(scores)} scores (or a non-finite one) for "
+                    f"{len(responses)} responses"
+                )  # fmt: skip
+            breakdown[part.name] = sum(scores) / len(scores) if scores else 0.0
+            if self.normalize:
+                scores = standardised(scores)
+            totals = [
+                total + part.weight * score for total, score in zip(totals, scores, strict=True)
+            ]
+        self.last_breakdown = breakdown
+        return totals
+
+    def model_parts(self) -> list[ModelReward]:
+        """The parts the reward-model role scores (to attach its fleet to)."""
+        return [part.score for part in self.parts if isinstance(part.score, ModelReward)]
+
+
+def standardised(values: list[float], epsilon: float = 1e-6) -> list[float]:
+    """``(v - mean) / std`` over the batch; all zeros when the values are (nearly) all equal."""
+    if not values:
+        return []
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    if std <= epsilon * max(1.0, abs(mean)):
+        return [0.0] * len(values)
+    return [(v - mean) / std for v in values]
