@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from rlhf_trainer.data import (
     PromptItem,
     PromptIterator,
     load_jsonl_prompts,
+    load_parquet_prompts,
     load_prompts,
     synthetic_prompts,
 )
@@ -175,3 +177,166 @@ def test_empty_dataset_and_bad_batch_size() -> None:
         PromptIterator([], seed=0)
     with pytest.raises(ValueError, match="batch_size"):
         PromptIterator(numbered_items(2), seed=0).next_batch(0)
+
+
+# --------------------------------------------------------------------------------- Parquet
+
+
+def write_parquet(path: Path, records: list[dict[str, Any]]) -> Path:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(records), path)
+    return path
+
+
+def write_jsonl_records(path: Path, records: list[dict[str, Any]]) -> Path:
+    return write_jsonl(path, [json.dumps(record) for record in records])
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    pytest.importorskip("tokenizers")
+    from transformers import AutoTokenizer
+
+    from trainer.tiny_text import save_tiny_tokenizer
+
+    return AutoTokenizer.from_pretrained(save_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+RECORDS: list[dict[str, Any]] = [
+    {
+        "ids": [5, 6, 7],
+        "text": "hello world",
+        "chat": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        "answer": 3,
+        "tags": ["a", "b"],
+        "info": {"level": 2, "source": "x"},
+    },
+    {
+        "ids": [1],
+        "text": "what is two plus two",
+        "chat": [{"role": "user", "content": "the answer is"}],
+        "answer": 4,
+        "tags": [],
+        "info": {"level": 1, "source": "y"},
+    },
+]
+
+
+def test_parquet_token_text_and_chat_prompts_with_metadata(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    path = write_parquet(tmp_path / "p.parquet", RECORDS)
+    by_ids = load_parquet_prompts(path, "ids", tiny_tokenizer)
+    assert by_ids[0] == PromptItem(
+        prompt=[5, 6, 7],
+        metadata={
+            "text": "hello world",
+            "chat": RECORDS[0]["chat"],
+            "answer": 3,
+            "tags": ["a", "b"],
+            "info": {"level": 2, "source": "x"},
+        },
+    )
+    assert type(by_ids[0].metadata["answer"]) is int  # plain Python, not numpy or Arrow scalars
+    by_text = load_parquet_prompts(path, "text", tiny_tokenizer)
+    assert [item.prompt for item in by_text] == [
+        tiny_tokenizer.encode("hello world"),
+        tiny_tokenizer.encode("what is two plus two"),
+    ]
+    by_chat = load_parquet_prompts(path, "chat", tiny_tokenizer)
+    assert tiny_tokenizer.decode(by_chat[0].prompt) == "<|system|>be brief<|user|>hi<|assistant|>"
+    assert by_chat[1].metadata["ids"] == [1]
+
+
+@pytest.mark.parametrize("prompt_field", ["ids", "text", "chat"])
+def test_the_same_records_as_parquet_and_json_lines_give_identical_items(
+    tmp_path: Path, tiny_tokenizer: Any, prompt_field: str
+) -> None:
+    parquet = write_parquet(tmp_path / "p.parquet", RECORDS)
+    jsonl = write_jsonl_records(tmp_path / "p.jsonl", RECORDS)
+    from_parquet = load_prompts(str(parquet), prompt_field, tiny_tokenizer)
+    assert from_parquet == load_prompts(str(jsonl), prompt_field, tiny_tokenizer)
+    assert from_parquet == load_jsonl_prompts(jsonl, prompt_field, tiny_tokenizer)
+
+
+def test_load_prompts_dispatches_on_the_parquet_suffix(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "P.PARQUET", [{"text": [9]}])
+    assert load_prompts(str(path), prompt_field="text") == [PromptItem(prompt=[9])]
+
+
+def test_chat_messages_in_parquet_leave_out_the_fields_a_struct_leaves_null(
+    tmp_path: Path, tiny_tokenizer: Any
+) -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi", "name": "ann"},
+    ]
+    path = write_parquet(tmp_path / "p.parquet", [{"prompt": messages}])
+    seen: list[Any] = []
+
+    class Recording:
+        def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+            seen.append(conversation)
+            return tiny_tokenizer.apply_chat_template(conversation, **kwargs)
+
+    load_parquet_prompts(path, "prompt", Recording())  # type: ignore[arg-type]
+    assert seen == [messages]
+
+
+def test_a_missing_parquet_column_names_the_field_and_the_columns(tmp_path: Path) -> None:
+    path = write_parquet(tmp_path / "p.parquet", [{"question": [1], "answer": 2}])
+    with pytest.raises(ValueError) as info:
+        load_parquet_prompts(path)
+    assert str(info.value) == f"{path}: no 'prompt' field (the columns are: question, answer)"
+
+
+@pytest.mark.parametrize(
+    ("prompts", "row", "problem"),
+    [
+        (["text"], 1, "prompt is text, but no tokenizer was given"),
+        ([[1], []], 2, "prompt is empty"),
+        ([[1], None], 2, "prompt must be a list of token ids or a string"),
+        ([[1], [1, None]], 2, "prompt must be a list of token ids or a string"),
+        ([[1.5]], 1, "prompt must be a list of token ids or a string"),
+        ([[{"role": "user", "content": "hi"}]], 1, "prompt is chat messages, but no tokenizer"),
+    ],
+)
+def test_parquet_errors_name_file_and_row(
+    tmp_path: Path, prompts: list[Any], row: int, problem: str
+) -> None:
+    path = write_parquet(tmp_path / "bad.parquet", [{"prompt": prompt} for prompt in prompts])
+    with pytest.raises(ValueError) as info:
+        load_parquet_prompts(path)
+    assert str(info.value).startswith(f"{path}: row {row}: {problem}")
+
+
+def test_a_file_that_is_not_parquet_is_refused_naming_it(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "p.parquet"
+    path.write_text('{"prompt": [1]}\n')
+    with pytest.raises(ValueError, match=rf"{path}: cannot read the Parquet file"):
+        load_prompts(str(path))
+    with pytest.raises(FileNotFoundError):
+        load_prompts(str(tmp_path / "missing.parquet"))
+
+
+def test_a_resumed_iterator_over_a_parquet_dataset_continues_where_it_stopped(
+    tmp_path: Path,
+) -> None:
+    path = write_parquet(tmp_path / "p.parquet", [{"prompt": [i + 1], "i": i} for i in range(7)])
+    straight = PromptIterator(load_prompts(str(path)), seed=7)
+    uninterrupted = [straight.next_batch(3) for _ in range(6)]
+
+    first_run = PromptIterator(load_prompts(str(path)), seed=7)
+    served = [first_run.next_batch(3) for _ in range(4)]
+    saved = json.dumps(first_run.position.to_json())
+    reloaded = load_prompts(str(path))  # the restarted driver reads the file again
+    resumed = PromptIterator(reloaded, seed=7, position=DataPosition.from_json(json.loads(saved)))
+    served += [resumed.next_batch(3) for _ in range(2)]
+
+    assert served == uninterrupted
+    assert reloaded == load_jsonl_prompts(
+        write_jsonl_records(tmp_path / "p.jsonl", [{"prompt": [i + 1], "i": i} for i in range(7)])
+    )

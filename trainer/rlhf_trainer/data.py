@@ -1,19 +1,20 @@
 """Prompt datasets and a seeded, resumable batch iterator.
 
-Prompts come from a JSON-lines file or from a synthetic task (``synthetic:<name>``, see
-:mod:`rlhf_trainer.tasks`). A record's prompt is token ids, text (encoded with the job's
-tokenizer) or chat messages (rendered with the tokenizer's chat template and its generation
-prompt); `fit_prompts` then applies ``dataset.overlongPrompts``. :class:`PromptIterator`
-walks them epoch by epoch in an order that depends only on ``(seed, epoch)``, and its
-:class:`DataPosition` round-trips through JSON, so a run resumed from a checkpoint sees exactly
-the prompts the uninterrupted run would have seen.
+Prompts come from a JSON-lines file, a Parquet file (``.parquet``: one record a row) or from a
+synthetic task (``synthetic:<name>``, see :mod:`rlhf_trainer.tasks`). A record's prompt is token
+ids, text (encoded with the job's tokenizer) or chat messages (rendered with the tokenizer's chat
+template and its generation prompt); `fit_prompts` then applies ``dataset.overlongPrompts``.
+:class:`PromptIterator` walks them epoch by epoch in an order that depends only on
+``(seed, epoch)``, and its :class:`DataPosition` round-trips through JSON, so a run resumed from
+a checkpoint sees exactly the prompts the uninterrupted run would have seen, whatever the file's
+format (the iterator works on the loaded list).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +22,9 @@ from typing import Any, Protocol
 from rlhf_trainer.tasks import get_task
 
 SYNTHETIC_PREFIX = "synthetic:"
+PARQUET_SUFFIX = ".parquet"
+PARQUET_BATCH_ROWS = 4096
+"""Rows converted to Python at a time when reading a Parquet file (bounds the memory it takes)."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +78,76 @@ def load_jsonl_prompts(
                 raise ValueError(f"{where}: expected a JSON object")
             if prompt_field not in record:
                 raise ValueError(f"{where}: no {prompt_field!r} field")
-            metadata = {key: value for key, value in record.items() if key != prompt_field}
-            prompt = _prompt_token_ids(record[prompt_field], tokenizer, chat_template, where)
-            items.append(PromptItem(prompt=prompt, metadata=metadata))
+            items.append(_record_item(record, prompt_field, tokenizer, chat_template, where))
     return items
+
+
+def load_parquet_prompts(
+    path: Path,
+    prompt_field: str = "prompt",
+    tokenizer: Tokenizer | None = None,
+    chat_template: bool = True,
+) -> list[PromptItem]:
+    """Read a Parquet file; each row is a record exactly like a line of a JSON-lines file.
+
+    The ``prompt_field`` column holds token ids (a list of integers), text, or chat messages (a
+    list of ``{role, content}`` structs; a null struct field counts as absent, as a key missing
+    from a JSON object would). Every other column becomes the item's metadata as plain Python
+    values (lists, dicts for structs and maps, None for nulls). A missing column raises
+    ``ValueError`` naming the field and the columns there are; a bad prompt raises the error
+    :func:`load_jsonl_prompts` raises, naming the file and the row (counting from 1). pyarrow is
+    imported only here.
+    """
+    path = Path(path)
+    items = []
+    for row_number, record in enumerate(_parquet_records(path, prompt_field), start=1):
+        where = f"{path}: row {row_number}"
+        record[prompt_field] = _without_null_message_fields(record[prompt_field])
+        items.append(_record_item(record, prompt_field, tokenizer, chat_template, where))
+    return items
+
+
+def _parquet_records(path: Path, prompt_field: str) -> Iterator[dict[str, Any]]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise ValueError(
+            f"{path}: reading a Parquet dataset needs pyarrow (the trainer extra): {error}"
+        ) from error
+    try:
+        parquet = pq.ParquetFile(path)
+        columns = parquet.schema_arrow.names
+        if prompt_field not in columns:
+            raise ValueError(
+                f"{path}: no {prompt_field!r} field (the columns are: {', '.join(columns)})"
+            )
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            yield from batch.to_pylist(maps_as_pydicts="lossy")
+    except pa.ArrowException as error:
+        if isinstance(error, OSError) and not path.is_file():
+            raise
+        raise ValueError(f"{path}: cannot read the Parquet file: {error}") from error
+
+
+def _without_null_message_fields(value: Any) -> Any:
+    """Chat messages read from Parquet without the fields a struct leaves null (a message with
+    a ``name`` gives every message of the column a ``name`` field)."""
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        return [{key: item for key, item in m.items() if item is not None} for m in value]
+    return value
+
+
+def _record_item(
+    record: Mapping[str, Any],
+    prompt_field: str,
+    tokenizer: Tokenizer | None,
+    chat_template: bool,
+    where: str,
+) -> PromptItem:
+    metadata = {key: value for key, value in record.items() if key != prompt_field}
+    prompt = _prompt_token_ids(record[prompt_field], tokenizer, chat_template, where)
+    return PromptItem(prompt=prompt, metadata=metadata)
 
 
 def _prompt_token_ids(
@@ -187,10 +257,14 @@ def load_prompts(
     seed: int = 0,
     chat_template: bool = True,
 ) -> list[PromptItem]:
-    """Prompts from ``"synthetic:<task>"`` (``synthetic_count`` of them) or a JSON-lines path."""
+    """Prompts from ``"synthetic:<task>"`` (``synthetic_count`` of them), a Parquet file (a path
+    ending in ``.parquet``, any case) or a JSON-lines file (any other path)."""
     if source.startswith(SYNTHETIC_PREFIX):
         return synthetic_prompts(source.removeprefix(SYNTHETIC_PREFIX), synthetic_count, seed)
-    return load_jsonl_prompts(Path(source), prompt_field, tokenizer, chat_template)
+    path = Path(source)
+    if path.suffix.lower() == PARQUET_SUFFIX:
+        return load_parquet_prompts(path, prompt_field, tokenizer, chat_template)
+    return load_jsonl_prompts(path, prompt_field, tokenizer, chat_template)
 
 
 @dataclass(frozen=True)

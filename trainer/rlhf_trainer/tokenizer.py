@@ -3,16 +3,30 @@
 `spec.model.tokenizer` names a Hugging Face tokenizer directory; without it the policy's
 directory is used when it holds a tokenizer. A `randomInit` policy has none unless one is named:
 synthetic tasks work on token ids alone. Text and chat prompts (`rlhf_trainer.data`), text
-rewards (`rlhf_trainer.rewards`) and stopping at the end-of-sequence token need one.
+rewards (`rlhf_trainer.rewards`), stopping at the end-of-sequence token and stop strings need
+one.
+
+Stop strings (`algorithm.stopStrings`): a response ends with the token that completes the first
+occurrence of any stop string in its decoded text. The stop string is kept, as a stop token is
+kept; the tokens after that token are dropped (they are neither rewarded nor trained on), so the
+response's length, and its mask, are those of the kept tokens. Only the response's text is
+searched: a stop string in the prompt, or one that starts in the prompt, does not count. The
+search is engine-independent: it runs on the generated token ids after generation
+(`truncate_completions`), whichever engine sampled them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhfjob.api import RLHFJobSpec
+
+if TYPE_CHECKING:
+    from rlhf_trainer.rollout import Completion  # imports torch
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 """Any of these in a directory means it holds a tokenizer."""
@@ -81,3 +95,76 @@ def decoder(tokenizer: Any) -> Any:
         return str(tokenizer.decode(token_ids, skip_special_tokens=True))
 
     return decode
+
+
+STOP_STRINGS_NEED_A_TOKENIZER = "algorithm.stopStrings needs a tokenizer (spec.model.tokenizer)"
+
+
+def check_stop_strings(spec: RLHFJobSpec, tokenizer: Any | None) -> None:
+    """Refuse `algorithm.stopStrings` without a tokenizer (``ValueError``): stop strings are
+    found in decoded text. Called at start, with the result of `load_tokenizer`."""
+    if spec.algorithm.stop_strings and tokenizer is None:
+        raise ValueError(STOP_STRINGS_NEED_A_TOKENIZER)
+
+
+def truncate_at_stop_strings(
+    token_ids: Sequence[int], decode: Callable[[list[int]], str], stop_strings: Sequence[str]
+) -> int:
+    """How many of a response's `token_ids` to keep: up to and including the token that
+    completes the first occurrence of any of `stop_strings` in the text `decode` gives, or all
+    of them when none occurs (see the module docstring).
+
+    The search decodes the whole response once, and only when a stop string occurs there
+    searches the shortest prefix whose text holds one by bisection: about log2(n) more decodes
+    rather than one per token. It relies on a prefix's text being the start of the longer text,
+    up to an incomplete character at its end (a byte-level token that holds part of a UTF-8
+    character decodes to U+FFFD until the rest arrives), which holds for Hugging Face decoders;
+    so a stop string that itself holds U+FFFD may be found a little late.
+    """
+    stops = tuple(stop_strings)
+    if not stops:
+        return len(token_ids)
+    if not all(stops):
+        raise ValueError("a stop string must not be empty")
+    ids = list(token_ids)
+
+    def holds_stop(length: int) -> bool:
+        text = decode(ids[:length])
+        return any(stop in text for stop in stops)
+
+    if not ids or not holds_stop(len(ids)):
+        return len(ids)
+    low, high = 0, len(ids)  # the text of `low` tokens holds no stop string, that of `high` does
+    while high - low > 1:
+        middle = (low + high) // 2
+        if holds_stop(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def truncate_completions(
+    completions: Sequence[Completion],
+    decode: Callable[[list[int]], str],
+    stop_strings: Sequence[str],
+) -> list[Completion]:
+    """`completions` each cut by `truncate_at_stop_strings`: new Completions whose `token_ids`,
+    and `logprobs` when the engine reported them, stop with the token that completes the first
+    stop string. A completion without one is returned as it is."""
+    if not stop_strings:
+        return list(completions)
+    truncated = []
+    for completion in completions:
+        kept = truncate_at_stop_strings(completion.token_ids, decode, stop_strings)
+        if kept == len(completion.token_ids):
+            truncated.append(completion)
+        else:
+            truncated.append(
+                dataclasses.replace(
+                    completion,
+                    token_ids=completion.token_ids[:kept],
+                    logprobs=completion.logprobs[:kept],
+                )
+            )
+    return truncated
