@@ -356,15 +356,21 @@ def test_order_is_kept_when_later_batches_answer_first(stub: Callable[..., Stub]
 
 
 def test_in_flight_requests_never_exceed_max_concurrency(stub: Callable[..., Stub]) -> None:
-    limit, batches = 3, 8
+    limit, batches = 3, 6
+    window = 0.3
     holder: dict[str, Stub] = {}
 
     def respond(document: Any) -> Reply:
         server = holder["server"]
-        with server.condition:  # hold each request until `limit` overlap (or none are left)
+        with server.condition:
+            # Hold each request until `limit` overlap (or none are left to come), so the client's
+            # concurrency is used in full ...
             server.condition.wait_for(
                 lambda: server.in_flight >= limit or len(server.requests) == batches, timeout=10
             )
+            # ... then give a request beyond the limit a moment to arrive: absence cannot be
+            # waited on, so this bounded window is how an unbounded client is caught.
+            server.condition.wait_for(lambda: server.in_flight > limit, timeout=window)
         return echo_rewards(document)
 
     holder["server"] = server = stub(respond)
@@ -389,11 +395,11 @@ def test_503_twice_then_success_is_retried(stub: Callable[..., Stub]) -> None:
 def test_retry_after_overrides_the_backoff(stub: Callable[..., Stub]) -> None:
     replies = iter([Reply(429, {"error": "slow down"}, {"Retry-After": "0"})])
     server = stub(lambda document: next(replies, None) or echo_rewards(document))
-    # Without Retry-After the first retry would wait 600 s (and the test time out).
-    reward = RemoteReward.from_spec(spec(server.url, backoffSeconds=600), identity_decode)
+    # Without Retry-After the first retry would wait 30 s.
+    reward = RemoteReward.from_spec(spec(server.url, backoffSeconds=30), identity_decode)
     started = time.monotonic()
     assert reward([[5]], [[1]]) == [5.0]
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 15
     assert reward.last_stats["retries"] == 1
 
 
@@ -493,19 +499,26 @@ def test_malformed_answers_are_rejected(
     assert len(server.requests) == 1
 
 
-def test_one_failed_batch_fails_the_call(stub: Callable[..., Stub]) -> None:
+def test_one_failed_batch_fails_the_call_and_stops_the_others(stub: Callable[..., Stub]) -> None:
+    first_refused = threading.Event()
+
     def respond(document: Any) -> Reply:
-        if document["prompts"][0].startswith("2"):
-            return Reply(422, {"detail": "sample 2 is unscorable"})
-        return echo_rewards(document)
+        sample = document["prompts"][0].split()[0]
+        if sample == "0":  # overloaded: the client backs off for 30 s
+            first_refused.set()
+            return Reply(503, {"error": "busy"})
+        assert first_refused.wait(timeout=10)
+        return Reply(422, {"detail": "sample 1 is unscorable"})
 
     server = stub(respond)
     reward = RemoteReward.from_spec(
-        spec(server.url, batchSize=1, maxConcurrency=2), identity_decode
+        spec(server.url, batchSize=1, maxConcurrency=2, backoffSeconds=30), identity_decode
     )
-    prompts, responses = sample_ids(4)
-    with pytest.raises(RemoteRewardRejected, match="HTTP 422: sample 2 is unscorable"):
-        reward(prompts, responses)
+    started = time.monotonic()
+    with pytest.raises(RemoteRewardRejected, match="HTTP 422: sample 1 is unscorable"):
+        reward(*sample_ids(2))
+    assert time.monotonic() - started < 15  # the backing-off request gave up, not waited 30 s
+    assert len(server.requests) == 2
 
 
 def test_spec_checks() -> None:
