@@ -318,6 +318,17 @@ def test_requests_carry_the_protocol_fields(stub: Callable[..., Stub]) -> None:
     assert server.requests == [
         {"prompts": ["7", "8"], "responses": ["1 2", "3"], "metadata": [{"answer": "4"}, {}]}
     ]
+    # Parquet-style metadata: numpy values, a missing value as NaN, a date.
+    import datetime
+
+    import numpy as np
+
+    odd = {"n": np.int64(3), "xs": np.array([1.5, 2.0]), "gap": float("nan"), "t": (1, np.nan)}
+    odd["day"] = datetime.date(2024, 5, 1)
+    assert reward([[7]], [[1]], [odd]) == [7.0]
+    assert server.requests[-1]["metadata"] == [
+        {"n": 3, "xs": [1.5, 2.0], "gap": None, "t": [1, None], "day": "2024-05-01"}
+    ]
 
     def classify(document: Any) -> Reply:
         data = [{"index": i, "probs": [float(i)]} for i in range(len(document["input"]))]

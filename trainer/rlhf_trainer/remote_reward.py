@@ -156,11 +156,20 @@ def _clip(text: str) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "..."
 
 
-def _json_default(value: Any) -> Any:
-    """Metadata from Parquet may hold numpy scalars and arrays, dates and the like."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "isoformat"):
+def jsonable(value: Any) -> Any:
+    """Dataset metadata as strict JSON: Parquet gives numpy scalars and arrays, dates, and NaN for
+    missing values, which JSON has no word for (they become null)."""
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(item) for item in value]
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, torch tensors
+        return jsonable(value.tolist())
+    if hasattr(value, "isoformat"):  # dates and times
         return value.isoformat()
     return str(value)
 
@@ -312,7 +321,7 @@ class RemoteReward:
             document: dict[str, Any] = {
                 "prompts": prompt_texts,
                 "responses": response_texts,
-                "metadata": metadata,
+                "metadata": jsonable(metadata),
             }
         else:
             document = {
@@ -321,7 +330,7 @@ class RemoteReward:
             }
             if self.spec.model is not None:
                 document = {"model": self.spec.model, **document}
-        return json.dumps(document, default=_json_default, allow_nan=False).encode()
+        return json.dumps(document, allow_nan=False).encode()
 
     def _request(
         self, body: bytes, count: int, stop: threading.Event, stats: _CallStats
