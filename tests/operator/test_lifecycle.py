@@ -519,7 +519,10 @@ def test_a_reward_model_replica_lost_is_degraded_from_the_pods_and_the_trainer()
     plan = decide(seen)
     assert plan.status.phase == Phase.RUNNING
     degraded = next(c for c in plan.status.conditions if c.type == "Degraded")
-    assert (degraded.status, degraded.message) == ("True", "reward 1/2 pods ready, 1/2 reward models")
+    assert (degraded.status, degraded.message) == (
+        "True",
+        "reward 1/2 pods ready, 1/2 reward models",
+    )
 
     # The replacement scores again: every replica back, Degraded clears.
     job = make_job(plan.status.wire(), reward={"type": "model", "function": None},

@@ -199,7 +199,7 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     pytest.importorskip("tokenizers")
     from transformers import AutoTokenizer
 
-    from trainer.tiny_text import save_tiny_tokenizer
+    from rlhf_local.tiny_models import save_tiny_tokenizer
 
     return AutoTokenizer.from_pretrained(save_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
 

@@ -389,3 +389,23 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
     engines = [r["rollout_engines"] for r in records]
     assert 1 in engines[:-1] and engines[-1] == 2, engines  # one engine for a while, then two
     assert {r["attempt"] for r in records} == {0}
+
+
+@pytest.mark.slow
+def test_a_reward_that_breaks_mid_training_fails_the_job_instead_of_restarting_it(
+    ray_address, tmp_path
+):
+    """A reward source that raises while scoring (a rule function, a remote server's 4xx) is a
+    problem retrying cannot fix: exit code 3 with its words, not a restart."""
+    (tmp_path / "broken_grader.py").write_text(
+        "def score(prompts, responses, metadata):\n    raise ValueError('the grader is broken')\n"
+    )
+    job = job_file(tmp_path)
+    document = yaml.safe_load(job.read_text())
+    document["spec"]["reward"]["function"] = "broken_grader:score"
+    job.write_text(yaml.safe_dump(document))
+    driver = Driver(job, ray_address)
+    assert driver.wait() == ExitCode.NON_RETRYABLE, driver.output()[-3000:]
+    last_line = driver.output().strip().splitlines()[-1]
+    assert last_line.startswith(f"{FINAL_STATUS_PREFIX} code=3 reason=InvalidJob"), last_line
+    assert "broken_grader:score" in last_line and "the grader is broken" in last_line

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
+from rlhf_local.tiny_models import save_tiny_tokenizer
 from rlhf_trainer.remote_reward import (
     RemoteReward,
     RemoteRewardRejected,
@@ -29,7 +30,6 @@ from rlhf_trainer.reward_server import RewardServer, make_server
 from rlhf_trainer.rewards import RewardFunctionError
 from rlhf_trainer.tokenizer import decoder
 from rlhfjob.api import RemoteRewardSpec
-from trainer.tiny_text import save_tiny_tokenizer
 
 TEXTS = [
     ("what is two plus two", " the answer is 4"),

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from trainer.tiny_reward_model import save_tiny_reward_model, target_token_ids
-from trainer.tiny_text import save_tiny_tokenizer
+from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer, target_token_ids
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
 TARGET = "4"

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
+from rlhf_local.tiny_models import save_tiny_tokenizer
 from rlhf_trainer.rollout import Completion
 from rlhf_trainer.tokenizer import (
     check_stop_strings,
@@ -19,7 +20,6 @@ from rlhf_trainer.tokenizer import (
     truncate_completions,
 )
 from rlhfjob.config import load_job
-from trainer.tiny_text import save_tiny_tokenizer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
 

@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
+from rlhf_local.tiny_models import save_tiny_tokenizer
 from rlhf_trainer import text_rewards
 from rlhf_trainer.data import PromptItem, fit_prompts, load_jsonl_prompts
 from rlhf_trainer.rewards import RewardFunctionError, RuleReward, keyword_parameters
 from rlhf_trainer.startup import NonRetryableError, load_inputs
 from rlhf_trainer.tokenizer import decoder, load_tokenizer, stop_token_ids
 from rlhfjob.config import load_job
-from trainer.tiny_text import save_tiny_tokenizer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
 

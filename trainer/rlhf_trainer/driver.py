@@ -126,6 +126,7 @@ def train(job: RLHFJob, context: RunContext | None = None) -> int:
     from rlhf_trainer.adoption import kill_job_actors
     from rlhf_trainer.loop import Trainer
     from rlhf_trainer.metrics import serve_metrics
+    from rlhf_trainer.rewards import RewardFunctionError
     from rlhf_trainer.startup import NonRetryableError, load_inputs
 
     context = context if context is not None else RunContext()
@@ -150,7 +151,9 @@ def train(job: RLHFJob, context: RunContext | None = None) -> int:
         else:
             code = ExitCode.TERMINATED
             message = f"stopped by {stop.signal_name} at step {trainer.step} ({done})"
-    except NonRetryableError as error:
+    except (NonRetryableError, RewardFunctionError) as error:
+        # A reward source that breaks while scoring (it raised, a server refused the request
+        # with a 4xx) is not fixed by a restart either.
         code, message = ExitCode.NON_RETRYABLE, str(error)
     except KeyboardInterrupt as error:
         code, message = ExitCode.TERMINATED, str(error) or "interrupted"

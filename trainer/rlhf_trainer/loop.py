@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from rlhf_trainer.startup import Inputs as Inputs  # re-exported: callers load i
 from rlhf_trainer.startup import NonRetryableError as NonRetryableError
 from rlhf_trainer.startup import check_model_config as check_model_config
 from rlhf_trainer.startup import load_inputs as load_inputs
+from rlhf_trainer.tokenizer import truncate_completions
 from rlhfjob import contract
 from rlhfjob.api import RLHFJob
 
@@ -75,6 +76,9 @@ def progress_line(record: dict[str, Any], total_steps: int) -> str:
         f"step {record['step']:>{width}}/{total_steps}",
         f"reward {record['reward_mean']:.3f} ±{record['reward_std']:.3f}",
     ]
+    components = record.get("reward_components") or {}
+    if len(components) > 1:  # what each part of a combined reward scored
+        parts[-1] += " (" + ", ".join(f"{n} {v:.3f}" for n, v in components.items()) + ")"
     if record.get("kl") is not None:
         parts.append(f"kl {record['kl']:.4f}")
     if record.get("policy_loss") is not None:
@@ -105,6 +109,8 @@ class StepResult:
     policy: dict[str, float]
     critic: dict[str, float]
     version_lag: int
+    reward_components: dict[str, float] = field(default_factory=dict)
+    """Each part's mean score before weighting (one entry for a single-source reward)."""
 
 
 class Trainer:
@@ -166,6 +172,7 @@ class Trainer:
                 adopt_timeout_s=context.adopt_timeout_s,
                 log=self.log,
                 on_engines_change=self._report_engines,
+                on_reward_models_change=self._report_reward_models,
             )
         except BaseException:
             self.heartbeat.stop()
@@ -178,6 +185,8 @@ class Trainer:
         self.policy, self.reference, self.critic = groups.policy, groups.reference, groups.critic
         self.groups = groups.all()
         self.fleet = self.actors.rollout
+        for part in inputs.reward.model_parts():
+            part.attach(self.actors.reward_models)
 
     def shutdown(self) -> None:
         """Kill this run's actors (a driver leaving on its own: the next attempt starts cold)."""
@@ -186,6 +195,10 @@ class Trainer:
     def _report_engines(self, live: int, desired: int) -> None:
         self.metrics.set_rollout_engines(live, desired)
         self.heartbeat.update(rollout_engines=contract.EngineCount(live, desired))
+
+    def _report_reward_models(self, live: int, desired: int) -> None:
+        self.metrics.set_reward_models(live, desired)
+        self.heartbeat.update(reward_models=contract.EngineCount(live, desired))
 
     @property
     def has_reference(self) -> bool:
@@ -270,6 +283,8 @@ class Trainer:
         rollout = self._generate(step)
         version_lag = self.version - min(rollout.policy_versions)  # 0: fully on-policy
         with self.phase(m.PHASE_REWARD):
+            if self.actors.reward_models is not None:
+                self.actors.reward_models.maintain()  # replacements rejoin, without waiting
             rewards = torch.tensor(
                 self.inputs.reward(rollout.prompts, rollout.responses, rollout.metadata)
             )
@@ -296,6 +311,7 @@ class Trainer:
             policy=policy_metrics,
             critic=critic_metrics,
             version_lag=version_lag,
+            reward_components=dict(self.inputs.reward.last_breakdown),
         )
 
     def _generate(self, step: int) -> Rollout:
@@ -314,6 +330,12 @@ class Trainer:
         with self.phase(m.PHASE_GENERATE):
             started = time.perf_counter()
             completions = self.fleet.generate([item.prompt for item in items], sampling)
+            if algorithm.stop_strings:  # cut after the token that completes a stop string
+                assert self.inputs.decode is not None  # start-up refuses stop strings without
+                completions = [
+                    truncate_completions(group, self.inputs.decode, algorithm.stop_strings)
+                    for group in completions
+                ]
         rollout = flatten_completions(items, completions)
         self.metrics.record_generation(rollout.num_generated_tokens, time.perf_counter() - started)
         return rollout
@@ -369,6 +391,7 @@ class Trainer:
             policy_loss=result.policy.get("policy_loss"),
             value_loss=result.critic.get("value_loss"),
             policy_version_lag=result.version_lag,
+            reward_components=result.reward_components,
             extra=extra,
         )
         self.heartbeat.update(step=result.step)

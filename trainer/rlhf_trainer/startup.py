@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rlhf_trainer import topology
 from rlhf_trainer.actors import (
@@ -37,9 +37,20 @@ from rlhf_trainer.data import PromptCounts, PromptItem, fit_prompts, load_prompt
 from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
 from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.models import model_config
-from rlhf_trainer.rewards import RewardFunctionError, RuleReward
-from rlhf_trainer.tokenizer import decoder, load_tokenizer, stop_token_ids
+from rlhf_trainer.rewards import (
+    CombinedReward,
+    Decode,
+    ModelReward,
+    RewardFunctionError,
+    RewardPart,
+    RuleReward,
+    Score,
+)
+from rlhf_trainer.tokenizer import check_stop_strings, decoder, load_tokenizer, stop_token_ids
 from rlhfjob.api import RLHFJobSpec, RoleSpec
+
+if TYPE_CHECKING:
+    from rlhf_trainer.reward_models import RewardModelFleet
 
 SYNTHETIC_DATASET_SIZE = 1024
 """Prompts drawn for a `synthetic:<task>` dataset."""
@@ -64,25 +75,27 @@ class NonRetryableError(Exception):
 class Inputs:
     """What a run needs before any actor starts; loading it is where config mistakes show."""
 
-    reward: RuleReward
+    reward: CombinedReward
+    """Every source of the reward, weighted (a model source gets its replicas at start-up)."""
     prompts: list[PromptItem]
     stop_token_ids: tuple[int, ...] = ()
     """Token ids that end a response (`tokenizer.stop_token_ids`)."""
     prompt_counts: PromptCounts | None = None
     """What `dataset.overlongPrompts` did to the dataset."""
+    decode: Decode | None = None
+    """Token ids to text with the job's tokenizer (None: the job has none)."""
 
 
 def load_inputs(
     spec: RLHFJobSpec, *, check_model: bool = True, log: Callable[[str], None] = print
 ) -> Inputs:
-    """The reward function, the prompts and (with `check_model`) the model config;
+    """The reward's sources, the prompts and (with `check_model`) the model config;
     NonRetryableError if unusable."""
-    if spec.reward.type != "function" or spec.reward.function is None:
-        raise NonRetryableError("reward.type model is not supported by this trainer yet")
     try:
         tokenizer = load_tokenizer(spec)
         decode = decoder(tokenizer) if tokenizer is not None else None
-        reward = RuleReward.from_spec(spec.reward.function, decode)
+        check_stop_strings(spec, tokenizer)
+        reward = build_reward(spec, decode)
         prompts = load_prompts(
             spec.dataset.source,
             spec.dataset.prompt_field,
@@ -110,7 +123,34 @@ def load_inputs(
         prompts=prompts,
         stop_token_ids=stop_token_ids(spec, tokenizer),
         prompt_counts=counts,
+        decode=decode,
     )
+
+
+def build_reward(spec: RLHFJobSpec, decode: Decode | None) -> CombinedReward:
+    """The job's reward from `spec.reward`: a rule function, the reward-model role, a remote
+    server, or a weighted sum of them. RewardFunctionError when a source is unusable."""
+    parts = []
+    for name, source, weight in spec.reward.sources():
+        score: Score
+        if source.type == "function":
+            assert source.function is not None  # the API requires it
+            score = RuleReward.from_spec(source.function, decode)
+        elif source.type == "remote":
+            from rlhf_trainer.remote_reward import RemoteReward
+
+            assert source.remote is not None  # the API requires it
+            score = RemoteReward.from_spec(source.remote, decode, name=name)
+        else:
+            if decode is None:
+                raise RewardFunctionError(
+                    name,
+                    "a reward model scores text, which needs a tokenizer: set "
+                    "spec.model.tokenizer, or use a policy directory with one",
+                )
+            score = ModelReward(decode, spec.reward.batch_size)
+        parts.append(RewardPart(name, weight, score))
+    return CombinedReward(parts, normalize=spec.reward.normalize)
 
 
 def check_model_config(spec: RLHFJobSpec) -> None:
@@ -198,6 +238,8 @@ class RunActors:
 
     groups: Groups
     rollout: Rollout
+    reward_models: RewardModelFleet | None = None
+    """The reward-model role's replicas (None: the reward uses no reward model)."""
     adopted: int = 0
     """Actors adopted from the previous attempt (0: a cold start)."""
     seconds: float = 0.0
@@ -206,6 +248,9 @@ class RunActors:
     def shutdown(self) -> None:
         """Kill them all (a driver leaving on its own: the next attempt starts cold)."""
         self.rollout.shutdown()
+        if self.reward_models is not None:
+            with contextlib.suppress(Exception):
+                self.reward_models.shutdown()
         for group in self.groups.all():
             with contextlib.suppress(Exception):
                 group.shutdown()
@@ -393,12 +438,15 @@ def start_actors(
     adopt_timeout_s: float = DEFAULT_ADOPT_TIMEOUT_S,
     log: Callable[[str], None] = print,
     on_engines_change: Callable[[int, int], None] | None = None,
+    on_reward_models_change: Callable[[int, int], None] | None = None,
 ) -> RunActors:
     """Adopt the previous attempt's actors if possible (a detached run that resumes), else
     start every role at once; returns them once the groups and enough engines are ready.
 
     `on_engines_change(live, desired)` hears about every change in the number of live rollout
-    engines, from now on (the rollout keeps calling it).
+    engines, from now on (the rollout keeps calling it); `on_reward_models_change` the same for
+    the reward-model replicas. Those are never adopted: they hold no state and start in
+    seconds beside the groups.
     """
     started = time.perf_counter()
     launcher = engine_launcher(spec, detached=detached)
@@ -413,6 +461,11 @@ def start_actors(
         groups = start_groups(spec, total_steps, detached=detached)
     else:
         groups = adopted.groups
+    reward_models = None
+    if spec.reward.uses_model():
+        from rlhf_trainer.reward_models import RewardModelFleet
+
+        reward_models = RewardModelFleet.from_spec(spec, log=log, on_change=on_reward_models_change)
     rollout: Rollout
     if launcher is None:  # the engines are inside the policy ranks
         for group in groups.all():
@@ -422,7 +475,9 @@ def start_actors(
         rollout = _start_fleet(spec, groups, launcher, adopted, log, on_engines_change)
     count = adopted.count if adopted is not None else 0
     seconds = _log_ready(groups.policy, started, count, log)
-    return RunActors(groups, rollout, adopted=count, seconds=seconds)
+    if reward_models is not None:
+        reward_models.wait_ready()
+    return RunActors(groups, rollout, reward_models, adopted=count, seconds=seconds)
 
 
 def _start_fleet(

@@ -1,6 +1,11 @@
-"""A tiny hand-weighted reward model (no downloads, no training), saved with its tokenizer.
+"""Tiny text models made here, with no downloads: a byte-level BPE tokenizer and a hand-weighted
+reward model, saved as Hugging Face directories.
 
-`save_tiny_reward_model` builds a one-layer ``Qwen2ForSequenceClassification`` whose score is a
+The text, reward-model and remote-reward tests and the e2e reward fault case share them, so every
+path a real `model.tokenizer: /models/...` or `model.reward: /models/...` takes runs.
+
+The reward model: `save_tiny_reward_model` builds a one-layer
+``Qwen2ForSequenceClassification`` whose score is a
 known, increasing function of the fraction of *target tokens* in the sequence:
 
 * Every token embeds to ``EMBED_SCALE * A * u``, a target token to
@@ -23,6 +28,36 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CORPUS = ["what is two plus two", "the answer is 4", "\\boxed{4}", "hello world", "a b c d e"]
+
+
+def save_tiny_tokenizer(directory: Path, corpus: list[str] = CORPUS, vocab_size: int = 300) -> Path:
+    """Train a byte-level BPE on `corpus` with `<pad>`, `<eos>` (the EOS token) and `<unk>`, give
+    it a chat template and save it under `directory`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<eos>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
 
 HIDDEN = 16
 A = 2.0
