@@ -82,7 +82,7 @@ def save_tiny_reward_model(directory: Path, tokenizer_dir: Path, target_token: s
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]  # head_dim, num_labels: kwargs it accepts
         vocab_size=len(tokenizer),
         hidden_size=HIDDEN,
         intermediate_size=2 * HIDDEN,
