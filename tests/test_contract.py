@@ -187,3 +187,13 @@ def test_event_reasons_are_the_words_the_operator_always_used() -> None:
         "Provisioning", "Submitted", "Running", "Succeeded", "Suspended", "Resumed",
         "Degraded", "ReplicasRestored", "BelowReplicas", "AllReplicas",
     }  # fmt: skip
+
+
+def test_the_final_status_carries_no_terminal_colour_codes() -> None:
+    ray_error = "RayTaskError(ValueError): \x1b[36mray::RewardModelActor.score()\x1b[39m failed"
+    status = FinalStatus.of(ExitCode.FAILED, ray_error)
+    assert status.message == "RayTaskError(ValueError): ray::RewardModelActor.score() failed"
+    # A line an older trainer wrote with them is read without them.
+    line = f"{status.format().split(' message=')[0]} message={ray_error}"
+    parsed = FinalStatus.parse(line)
+    assert parsed is not None and parsed.message == status.message

@@ -23,6 +23,7 @@ from rlhf_local.faults import TrainingRecord
 from rlhf_local.jobs import Jobs
 from rlhf_local.operator_process import OperatorProcess, metric_value
 from rlhf_local.testing import LocalCluster, wait_for
+from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
 
 pytestmark = pytest.mark.e2e
 
@@ -164,32 +165,66 @@ def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_
     assert not process_alive(pid), "the frozen driver was stopped"
 
 
-def test_3_lost_rollout_pod_degrades_training_and_the_engine_rejoins(fault_run: Any) -> None:
-    # Long enough for the replacement pod's Ray node and engine to come back mid-run.
-    run = fault_run("elastic", algorithm={"totalSteps": 200}, checkpoint={"intervalSteps": 50})
+def reward_model_spec(directory: Path) -> dict[str, Any]:
+    """What the fault job adds for a reward-model role of two replicas (one may be lost): the
+    tiny tokenizer and reward model saved under `directory`, weighed in beside the task's rule."""
+    tokenizer = save_tiny_tokenizer(directory / "tokenizer")
+    reward_model = save_tiny_reward_model(directory / "reward-model", tokenizer, "4")
+    return {
+        "model": {"tokenizer": str(tokenizer), "reward": str(reward_model)},
+        "reward": {
+            "type": "combined",
+            "function": None,
+            "components": [
+                {"function": "rlhf_trainer.tasks:target_token_reward"},
+                {"type": "model", "weight": 0.1},
+            ],
+        },
+        "roles": {"reward": {"replicas": 2, "minReplicas": 1, "cpu": 1, "memory": "2Gi"}},
+    }
+
+
+def test_3_lost_rollout_and_reward_pods_degrade_training_and_both_rejoin(
+    fault_run: Any, tmp_path: Path
+) -> None:
+    """One run, two elastic roles: a rollout pod and a reward-model pod are lost at once; the
+    job is Degraded and trains on, and the replacement engine and reward model rejoin."""
+    extra = reward_model_spec(tmp_path / "models")
+    # Long enough for the replacement pods' Ray nodes and actors to come back mid-run.
+    run = fault_run(
+        "elastic",
+        algorithm={"totalSteps": 200, "stopAtEos": False},
+        checkpoint={"intervalSteps": 50},
+        **extra,
+    )
     faults.wait_for_step(run.jobs, run.name, 5, JOB_TIMEOUT, run.operator)
     faults.delete_pod(run.jobs, run.name, "rollout")
+    faults.delete_pod(run.jobs, run.name, "reward")
 
     def degraded() -> dict[str, Any] | None:
         condition = run.jobs.condition(run.name, "Degraded")
-        return condition if condition and condition["status"] == "True" else None
+        shown = condition and condition["status"] == "True"
+        both = shown and "rollout" in condition["message"] and "reward" in condition["message"]
+        return condition if both else None
 
-    shown = wait_for(degraded, 60, "the Degraded condition", details=run.explain)
+    wait_for(degraded, 60, "the Degraded condition naming both roles", details=run.explain)
     assert run.status()["phase"] == "Running", "degraded, not failed"
-    assert "rollout" in shown["message"]
 
     def restored() -> bool:
         condition = run.jobs.condition(run.name, "Degraded")
         return bool(condition and condition["status"] == "False")
 
-    wait_for(restored, 300, "the rollout engine to rejoin", details=run.explain)
+    wait_for(restored, 300, "the engine and the reward model to rejoin", details=run.explain)
     rejoined_at = run.status().get("currentStep") or 0
-    assert rejoined_at < run.total_steps, "the engine rejoined before training ended"
+    assert rejoined_at < run.total_steps, "they rejoined before training ended"
     run.assert_recovered([])
     reasons = run.jobs.event_reasons(run.name)
     assert "Degraded" in reasons and "ReplicasRestored" in reasons, reasons
-    engines = {r.get("rollout_engines") for r in run.record.records()}
+    records = run.record.records()
+    engines = {r.get("rollout_engines") for r in records}
     assert {1, 2} <= engines, f"steps ran with {engines} engines"
+    parts = {tuple(sorted(r.get("reward_components") or {})) for r in records}
+    assert parts == {("function", "model")}, f"every step scored by both parts: {parts}"
 
 
 def test_4_lost_trainer_pod_restarts_the_training_group_from_the_checkpoint(

@@ -8,6 +8,7 @@ ignores the ones it does not know.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
@@ -53,8 +54,9 @@ class FinalStatus:
 
     @classmethod
     def of(cls, code: ExitCode, message: str) -> FinalStatus:
-        """The status for an exit code; the message is folded onto one line."""
-        return cls(int(code), _REASONS[code].value, " ".join(message.split()))
+        """The status for an exit code; the message is folded onto one line, without the
+        terminal colour codes Ray puts in its errors (they end up in status and Events)."""
+        return cls(int(code), _REASONS[code].value, " ".join(plain(message).split()))
 
     def format(self) -> str:
         return (
@@ -75,5 +77,15 @@ class FinalStatus:
         known = dict(token.partition("=")[::2] for token in head.split()[1:])
         code = known.get("code", "")
         return cls(
-            int(code) if code.lstrip("-").isdigit() else None, known.get("reason", ""), message
+            int(code) if code.lstrip("-").isdigit() else None,
+            known.get("reason", ""),
+            plain(message),
         )
+
+
+_TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain(text: str) -> str:
+    """`text` without ANSI terminal escape sequences (colours)."""
+    return _TERMINAL_ESCAPE.sub("", text)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -62,48 +63,84 @@ def test_the_tiny_example_learns_its_task(example, tmp_path):
     assert (run_dir / "reward_curve.png").is_file()
 
 
-def test_grpo_on_text_prompts_learns_what_a_reward_model_prefers(tmp_path):
-    """Text in (a tiny BPE tokenizer, text prompts), the reward-model role out: one replica of
-    a hand-weighted sequence-classification model that prefers the token "4" scores every
-    response, re-tokenized with its own tokenizer; the policy learns to answer with it."""
+PROMPTS = ["what is two plus two", "hello world", "a b c d e", "the answer is"]
+
+
+def train_text_job(directory: Path, example: str, **spec: Any) -> list[dict]:
+    """`examples/<example>` on text: the tiny BPE tokenizer, a policy of its vocabulary, the
+    text prompts above; `spec` sections replace or update the example's. Returns the step log."""
     from transformers import AutoTokenizer
 
-    from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
-    from rlhf_trainer.reward_models import RewardModelScorer
+    from rlhf_local.tiny_models import save_tiny_tokenizer
 
-    tokenizer_dir = save_tiny_tokenizer(tmp_path / "tokenizer")
-    reward_dir = save_tiny_reward_model(tmp_path / "reward-model", tokenizer_dir, "4")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    prompts = ["what is two plus two", "hello world", "a b c d e", "the answer is"]
-    dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text("".join(f'{{"prompt": "{p}"}}\n' for p in prompts))
-
-    document = yaml.safe_load((REPO / "examples" / "grpo-tiny-cpu.yaml").read_text())
-    spec = document["spec"]
-    document["metadata"]["name"] = "grpo-text-rm"
-    spec["model"]["randomInit"]["vocab_size"] = len(tokenizer)
-    spec["model"]["randomInit"]["max_position_embeddings"] = 64
-    spec["model"].update(tokenizer=str(tokenizer_dir), reward=str(reward_dir))
-    spec["dataset"] = {"source": str(dataset), "promptField": "prompt"}
-    spec["reward"] = {"type": "model", "batchSize": 16}
-    spec["roles"]["reward"] = {"replicas": 1, "cpu": 1, "memory": "2Gi"}
-    spec["algorithm"].update(stopAtEos=False, totalSteps=40, policyLearningRate=0.005)
-    job = tmp_path / "grpo-text-rm.yaml"
-    document["spec"]["checkpoint"]["path"] = str(tmp_path / "checkpoints")
+    tokenizer_dir = save_tiny_tokenizer(directory / "tokenizer")
+    dataset = directory / "prompts.jsonl"
+    dataset.write_text("".join(f'{{"prompt": "{prompt}"}}\n' for prompt in PROMPTS))
+    document = yaml.safe_load((REPO / "examples" / example).read_text())
+    document["metadata"]["name"] = "text-job"
+    job_spec = document["spec"]
+    job_spec["model"]["randomInit"]["vocab_size"] = len(
+        AutoTokenizer.from_pretrained(tokenizer_dir)
+    )
+    job_spec["model"]["tokenizer"] = str(tokenizer_dir)
+    job_spec["dataset"] = {"source": str(dataset), "promptField": "prompt"}
+    job_spec["checkpoint"]["path"] = str(directory / "checkpoints")
+    for section, fields in spec.items():
+        if section in ("reward",):
+            job_spec[section] = fields
+        else:
+            job_spec.setdefault(section, {}).update(fields)
+    job = directory / "text-job.yaml"
     job.write_text(yaml.safe_dump(document))
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     result = subprocess.run(
         [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(job)],
-        capture_output=True, text=True, timeout=1200, env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=1200, env=env, cwd=directory,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    records = read_step_log(tmp_path / "checkpoints" / "default" / "grpo-text-rm" / "metrics.jsonl")
+    return read_step_log(directory / "checkpoints" / "default" / "text-job" / "metrics.jsonl")
 
+
+def test_grpo_on_text_prompts_learns_what_a_reward_model_prefers(tmp_path):
+    """Text in (a tiny BPE tokenizer, text prompts), the reward-model role out: one replica of
+    a hand-weighted sequence-classification model that prefers the token "4" scores every
+    response, re-tokenized with its own tokenizer; the policy learns to answer with it."""
+    from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
+    from rlhf_trainer.reward_models import RewardModelScorer
+
+    reward_dir = save_tiny_reward_model(
+        tmp_path / "reward-model", save_tiny_tokenizer(tmp_path / "rm-tokenizer"), "4"
+    )
+    records = train_text_job(
+        tmp_path,
+        "grpo-tiny-cpu.yaml",
+        model={"reward": str(reward_dir)},
+        reward={"type": "model", "batchSize": 16},
+        roles={"reward": {"replicas": 1, "cpu": 1, "memory": "2Gi"}},
+        algorithm={"stopAtEos": False, "totalSteps": 40, "policyLearningRate": 0.005},
+    )
     # The best a response can score: every one of its 8 tokens the target.
-    scorer = RewardModelScorer(str(reward_dir))
-    best = scorer.score(prompts, ["4" * 8] * len(prompts), batch_size=8)
+    best = RewardModelScorer(str(reward_dir)).score(PROMPTS, ["4" * 8] * len(PROMPTS), 8)
     achievable = sum(best) / len(best)
     rewards = [record["reward_mean"] for record in records]
     assert records[-1]["reward_components"] == {"model": pytest.approx(rewards[-1])}
     assert rewards[0] < 0.3 * achievable, rewards
     assert rewards[-1] >= 0.9 * achievable, (rewards, achievable)
+
+
+def test_ppo_with_a_text_rule_reward_learns_and_responses_stop_at_eos(tmp_path):
+    """PPO, text prompts, a rule reward that reads the decoded response (how many "4"s of the
+    8 it may hold), responses ending at the tokenizer's EOS: it learns to write 4s to the end."""
+    (tmp_path / "fours.py").write_text(
+        "def fours(response_texts):\n"
+        "    return [min(1.0, text.count('4') / 8) for text in response_texts]\n"
+    )
+    records = train_text_job(
+        tmp_path,
+        "ppo-tiny-cpu.yaml",
+        reward={"type": "function", "function": "fours:fours"},
+        algorithm={"totalSteps": 60, "policyLearningRate": 0.005},
+    )
+    rewards = [record["reward_mean"] for record in records]
+    assert rewards[0] < 0.2, rewards
+    assert max(rewards[-3:]) >= 0.9, rewards

@@ -4,6 +4,7 @@ elastic fleet of scorer actors on a real local Ray with the reward role's resour
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -124,6 +125,12 @@ def test_the_scorer_rejects_what_it_cannot_score(scorer: Any) -> None:
         scorer.score_ids([[5], []], batch_size=2)
     with pytest.raises(ValueError, match="batch_size"):
         scorer.score_ids([[5]], batch_size=0)
+
+
+def test_a_sample_whose_text_is_empty_is_scored_as_the_eos_token_alone(scorer: Any) -> None:
+    # A synthetic prompt and a response of special tokens only both decode to "".
+    empty, eos = scorer.score([""], [""]), scorer.score_ids([[scorer.tokenizer.eos_token_id]])
+    assert empty == eos and all(map(math.isfinite, empty))
 
 
 def test_long_sequences_keep_their_last_tokens(scorer: Any) -> None:

@@ -125,7 +125,11 @@ class RewardModelScorer:
         texts = [
             prompt + response for prompt, response in zip(prompt_texts, response_texts, strict=True)
         ]
-        return [list(ids) for ids in self.tokenizer(texts)["input_ids"]]
+        # A sample whose text is empty (an empty prompt and a response of special tokens only,
+        # which decode to nothing) is scored as the end-of-sequence token alone: every sample
+        # gets a score, none fails the step.
+        empty = [self.tokenizer.eos_token_id or self.pad_token_id]
+        return [list(ids) or empty for ids in self.tokenizer(texts)["input_ids"]]
 
     def score(
         self, prompt_texts: Sequence[str], response_texts: Sequence[str], batch_size: int = 32
