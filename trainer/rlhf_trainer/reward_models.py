@@ -125,6 +125,10 @@ class RewardModelScorer:
         texts = [
             prompt + response for prompt, response in zip(prompt_texts, response_texts, strict=True)
         ]
+        return self.tokenize_texts(texts)
+
+    def tokenize_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text in the reward model's own vocabulary (with its default special tokens)."""
         # A sample whose text is empty (an empty prompt and a response of special tokens only,
         # which decode to nothing) is scored as the end-of-sequence token alone: every sample
         # gets a score, none fails the step.
@@ -137,9 +141,14 @@ class RewardModelScorer:
         """The reward of each (prompt, response), re-tokenized with the reward tokenizer."""
         return self.score_ids(self.tokenize(prompt_texts, response_texts), batch_size)
 
-    @torch.no_grad()
     def score_ids(self, sequences: Sequence[Sequence[int]], batch_size: int = 32) -> list[float]:
-        """The reward of each token sequence (ids in the reward model's vocabulary)."""
+        """The reward of each token sequence (ids in the reward model's vocabulary): the logit
+        of label 0."""
+        return [row[0] for row in self.logits(sequences, batch_size)]
+
+    @torch.no_grad()
+    def logits(self, sequences: Sequence[Sequence[int]], batch_size: int = 32) -> list[list[float]]:
+        """Every label's logit for each token sequence, in right-padded batches."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         rows = [list(sequence) for sequence in sequences]
@@ -147,12 +156,12 @@ class RewardModelScorer:
             raise ValueError("every sequence to score needs at least one token")
         if self.max_length is not None:
             rows = [row[-self.max_length :] for row in rows]
-        scores: list[float] = []
+        logits: list[list[float]] = []
         for start in range(0, len(rows), batch_size):
-            scores.extend(self._score_batch(rows[start : start + batch_size]))
-        return scores
+            logits.extend(self._logits_batch(rows[start : start + batch_size]))
+        return logits
 
-    def _score_batch(self, rows: list[list[int]]) -> list[float]:
+    def _logits_batch(self, rows: list[list[int]]) -> list[list[float]]:
         width = max(len(row) for row in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
@@ -162,7 +171,7 @@ class RewardModelScorer:
         output = self.model(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
         )
-        return [float(value) for value in output.logits[:, 0].float().cpu()]
+        return [[float(v) for v in row] for row in output.logits.float().cpu().tolist()]
 
 
 # --------------------------------------------------------------------------------------------

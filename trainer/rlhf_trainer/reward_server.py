@@ -47,54 +47,29 @@ class _TooLargeError(Exception):
 
 
 class Scorer:
-    """A sequence-classification model and its tokenizer, scoring texts in padded batches.
-
-    One forward pass runs at a time (a lock): torch already spreads one pass over the CPU cores,
-    and overlapping passes would only multiply the memory held.
-    """
+    """The trainer's `RewardModelScorer` (the same loading, tokenization, padding and pooling as
+    the reward-model role), behind a lock: one forward pass runs at a time, since torch already
+    spreads one pass over the CPU cores and overlapping passes would only multiply the memory."""
 
     def __init__(self, model_dir: str | Path, batch_size: int = 32) -> None:
-        import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from rlhf_trainer.reward_models import RewardModelScorer
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.torch = torch
         self.batch_size = batch_size
         self.name = str(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        # Right padding: a classification head pools the last non-pad token, which every
-        # transformers version finds with right padding.
-        self.tokenizer.padding_side = "right"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, dtype=torch.float32
-        )
-        if self.model.config.pad_token_id is None:
-            # Without it the head cannot find the last token of a padded row.
-            self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.model.eval()
-        self.num_labels = int(self.model.config.num_labels)
-        self.id2label: dict[int, str] = {
-            int(k): str(v) for k, v in (self.model.config.id2label or {}).items()
-        }
+        self.scorer = RewardModelScorer(model_dir)
+        config = self.scorer.model.config
+        self.num_labels = int(config.num_labels)
+        self.id2label: dict[int, str] = {int(k): str(v) for k, v in (config.id2label or {}).items()}
         self._lock = threading.Lock()
 
     def logits(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
         """Each text's logits (one list of ``num_labels`` per text) and the tokens scored."""
-        rows: list[list[float]] = []
-        tokens = 0
-        for start in range(0, len(texts), self.batch_size):
-            batch = list(texts[start : start + self.batch_size])
-            encoded = self.tokenizer(batch, padding=True, return_tensors="pt")
-            tokens += int(encoded["attention_mask"].sum())
-            with self._lock, self.torch.no_grad():
-                output = self.model(
-                    input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]
-                )
-            rows.extend(output.logits.float().tolist())
-        return rows, tokens
+        sequences = self.scorer.tokenize_texts(texts)
+        with self._lock:
+            rows = self.scorer.logits(sequences, self.batch_size)
+        return rows, sum(len(sequence) for sequence in sequences)
 
     def rewards(self, texts: Sequence[str]) -> list[float]:
         """The logit of label 0 for each text: the reward of the rlhfjob protocol."""
@@ -103,7 +78,9 @@ class Scorer:
 
     def activated(self, row: list[float]) -> list[float]:
         """vLLM's default activation: a sigmoid for one label, a softmax for several."""
-        values = self.torch.tensor(row)
+        import torch
+
+        values = torch.tensor(row)
         if self.num_labels == 1:
             return [float(v) for v in values.sigmoid().tolist()]
         return [float(v) for v in values.softmax(-1).tolist()]
