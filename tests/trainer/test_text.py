@@ -218,3 +218,27 @@ def test_a_text_dataset_without_a_tokenizer_fails_at_start_naming_the_field(tmp_
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hello"}])
     with pytest.raises(NonRetryableError, match=r"spec\.model\.tokenizer"):
         load_inputs(job_spec(dataset={"source": str(data)}), check_model=False)
+
+
+def test_stop_strings_need_a_tokenizer_and_reach_the_loop_with_its_decoder(
+    tokenizer_dir: Path,
+) -> None:
+    spec = job_spec(algorithm={"stop_strings": ["</answer>"]})
+    with pytest.raises(NonRetryableError, match=r"algorithm\.stopStrings needs a tokenizer"):
+        load_inputs(spec, check_model=False)
+    with_tokenizer = job_spec(
+        algorithm={"stop_strings": ["</answer>"]}, model={"tokenizer": str(tokenizer_dir)}
+    )
+    inputs = load_inputs(with_tokenizer, check_model=False)
+    assert inputs.decode is not None and inputs.decode([]) == ""
+
+
+def test_a_reward_model_or_remote_reward_without_a_tokenizer_fails_at_start() -> None:
+    model = job_spec(reward={"type": "model", "function": None})
+    with pytest.raises(NonRetryableError, match="needs a tokenizer"):
+        load_inputs(model, check_model=False)
+    remote = job_spec(
+        reward={"type": "remote", "function": None, "remote": {"url": "http://rm:8000/score"}}
+    )
+    with pytest.raises(NonRetryableError, match=r"spec\.model\.tokenizer"):
+        load_inputs(remote, check_model=False)
