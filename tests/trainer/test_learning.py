@@ -85,6 +85,9 @@ def train_text_job(directory: Path, example: str, **spec: Any) -> list[dict]:
     job_spec["model"]["tokenizer"] = str(tokenizer_dir)
     job_spec["dataset"] = {"source": str(dataset), "promptField": "prompt"}
     job_spec["checkpoint"]["path"] = str(directory / "checkpoints")
+    # One trainer rank and one engine: the examples' placements are covered above, and fewer
+    # processes on two cores make these runs quicker.
+    job_spec["roles"]["trainer"]["replicas"] = job_spec["roles"]["rollout"]["replicas"] = 1
     for section, fields in spec.items():
         if section in ("reward",):
             job_spec[section] = fields

@@ -271,27 +271,38 @@ BATCH = 3
 
 
 @pytest.mark.slow
-def test_a_fleet_scores_as_a_local_scorer(make_fleet: Any, scorer: Any) -> None:
-    fleet, recorder = make_fleet()
+def test_a_fleet_scores_as_a_local_scorer_survives_a_lost_actor_and_admits_its_replacement(
+    ray_cluster: Any, make_fleet: Any, scorer: Any
+) -> None:
+    """One fleet through its life (several checks on one run: each fleet costs two actor
+    starts): it scores as a local scorer; a lost actor is dropped and its chunks rescored on
+    the survivor; `maintain` starts a replacement, and a later `maintain` admits it."""
+    fleet, recorder = make_fleet(minimum=1)
     prompts, responses = samples(11)
-    scores = fleet.score(prompts, responses, BATCH)
-    assert scores == pytest.approx(scorer.score(prompts, responses, BATCH), abs=1e-6)
+    expected = fleet.score(prompts, responses, BATCH)
+    assert expected == pytest.approx(scorer.score(prompts, responses, BATCH), abs=1e-6)
     ids = scorer.tokenize(prompts, responses)
-    assert fleet.score_ids(ids, BATCH) == scores
+    assert fleet.score_ids(ids, BATCH) == expected
     assert fleet.score([], [], BATCH) == []
     assert recorder.counts[-1] == (2, 2) and recorder.saw("up")
 
-
-@pytest.mark.slow
-def test_a_lost_actor_is_dropped_and_its_chunks_rescored(ray_cluster: Any, make_fleet: Any) -> None:
-    fleet, recorder = make_fleet(minimum=1)
-    prompts, responses = samples(10)
-    expected = fleet.score(prompts, responses, BATCH)
     ray_cluster.kill(fleet.actors[0].actor)
     assert fleet.score(prompts, responses, BATCH) == expected
     assert fleet.live == 1 and recorder.counts[-1] == (1, 2)
     assert recorder.saw("reward model 0 lost during scoring")
     assert fleet.score(prompts, responses, BATCH) == expected  # one actor, all chunks
+
+    fleet.maintain()
+    assert len(fleet.starting) == 1 and recorder.saw("starting reward model 2")
+
+    def admitted() -> bool:
+        fleet.maintain()
+        return fleet.live == 2
+
+    wait_for(admitted, 120, "the replacement to be admitted")
+    assert not fleet.starting and [member.id for member in fleet.actors] == [1, 2]
+    assert recorder.saw("reward model 2 rejoined") and recorder.counts[-1] == (2, 2)
+    assert fleet.score(prompts, responses, BATCH) == expected
 
 
 @pytest.mark.slow
@@ -308,29 +319,6 @@ def test_below_the_minimum_scoring_raises_a_capacity_error(
     assert fleet.live == 1
     with pytest.raises(RewardCapacityError):
         fleet.score(prompts, responses, BATCH)
-
-
-@pytest.mark.slow
-def test_maintain_starts_a_replacement_and_admits_it_later(
-    ray_cluster: Any, make_fleet: Any
-) -> None:
-    fleet, recorder = make_fleet()
-    prompts, responses = samples(8)
-    expected = fleet.score(prompts, responses, BATCH)
-    ray_cluster.kill(fleet.actors[0].actor)
-    fleet.score(prompts, responses, BATCH)
-    assert fleet.live == 1
-    fleet.maintain()
-    assert len(fleet.starting) == 1 and recorder.saw("starting reward model 2")
-
-    def admitted() -> bool:
-        fleet.maintain()
-        return fleet.live == 2
-
-    wait_for(admitted, 120, "the replacement to be admitted")
-    assert not fleet.starting and [member.id for member in fleet.actors] == [1, 2]
-    assert recorder.saw("reward model 2 rejoined") and recorder.counts[-1] == (2, 2)
-    assert fleet.score(prompts, responses, BATCH) == expected
 
 
 @pytest.mark.slow
