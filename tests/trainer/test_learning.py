@@ -104,46 +104,55 @@ def train_text_job(directory: Path, example: str, **spec: Any) -> list[dict]:
     return read_step_log(directory / "checkpoints" / "default" / "text-job" / "metrics.jsonl")
 
 
-def test_grpo_on_text_prompts_learns_what_a_reward_model_prefers(tmp_path):
-    """Text in (a tiny BPE tokenizer, text prompts), the reward-model role out: one replica of
-    a hand-weighted sequence-classification model that prefers the token "4" scores every
-    response, re-tokenized with its own tokenizer; the policy learns to answer with it."""
+def rule_and_reward_model(directory: Path) -> tuple[dict[str, Any], float]:
+    """Both kinds of reward at once, half each: a rule that reads the decoded response (how
+    many "4"s of the 8 it may hold) and a reward-model replica (a hand-weighted classifier that
+    prefers the token "4", re-tokenizing with its own tokenizer). Returns the spec sections and
+    the best mean reward a policy can reach (every response 8 "4"s)."""
     from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
     from rlhf_trainer.reward_models import RewardModelScorer
 
-    reward_dir = save_tiny_reward_model(
-        tmp_path / "reward-model", save_tiny_tokenizer(tmp_path / "rm-tokenizer"), "4"
-    )
-    records = train_text_job(
-        tmp_path,
-        "grpo-tiny-cpu.yaml",
-        model={"reward": str(reward_dir)},
-        reward={"type": "model", "batchSize": 16},
-        roles={"reward": {"replicas": 1, "cpu": 1, "memory": "2Gi"}},
-        algorithm={"stopAtEos": False, "totalSteps": 40, "policyLearningRate": 0.005},
-    )
-    # The best a response can score: every one of its 8 tokens the target.
-    best = RewardModelScorer(str(reward_dir)).score(PROMPTS, ["4" * 8] * len(PROMPTS), 8)
-    achievable = sum(best) / len(best)
-    rewards = [record["reward_mean"] for record in records]
-    assert records[-1]["reward_components"] == {"model": pytest.approx(rewards[-1])}
-    assert rewards[0] < 0.3 * achievable, rewards
-    assert rewards[-1] >= 0.9 * achievable, (rewards, achievable)
-
-
-def test_ppo_with_a_text_rule_reward_learns_and_responses_stop_at_eos(tmp_path):
-    """PPO, text prompts, a rule reward that reads the decoded response (how many "4"s of the
-    8 it may hold), responses ending at the tokenizer's EOS: it learns to write 4s to the end."""
-    (tmp_path / "fours.py").write_text(
+    (directory / "fours.py").write_text(
         "def fours(response_texts):\n"
         "    return [min(1.0, text.count('4') / 8) for text in response_texts]\n"
     )
+    reward_dir = save_tiny_reward_model(
+        directory / "reward-model", save_tiny_tokenizer(directory / "rm-tokenizer"), "4"
+    )
+    best = RewardModelScorer(str(reward_dir)).score(PROMPTS, ["4" * 8] * len(PROMPTS), 8)
+    spec = {
+        "model": {"reward": str(reward_dir)},
+        "reward": {
+            "type": "combined",
+            "batchSize": 16,
+            "components": [
+                {"type": "function", "name": "fours", "function": "fours:fours", "weight": 0.5},
+                {"type": "model", "name": "preference", "weight": 0.5},
+            ],
+        },
+        "roles": {"reward": {"replicas": 1, "cpu": 1, "memory": "2Gi"}},
+    }
+    return spec, 0.5 * 1.0 + 0.5 * sum(best) / len(best)
+
+
+@pytest.mark.parametrize(
+    ("example", "algorithm"),
+    [
+        ("grpo-tiny-cpu.yaml", {"stopAtEos": False, "totalSteps": 40}),
+        ("ppo-tiny-cpu.yaml", {"totalSteps": 60}),  # responses end at the tokenizer's EOS
+    ],
+    ids=["grpo", "ppo"],
+)
+def test_text_prompts_learn_what_a_text_rule_and_a_reward_model_prefer(
+    example, algorithm, tmp_path
+):
+    """Text in (a tiny BPE tokenizer, text prompts), every reward kind out: GRPO and PPO each
+    learn from a text rule and a reward model combined, to 0.9 of what is achievable."""
+    spec, achievable = rule_and_reward_model(tmp_path)
     records = train_text_job(
-        tmp_path,
-        "ppo-tiny-cpu.yaml",
-        reward={"type": "function", "function": "fours:fours"},
-        algorithm={"totalSteps": 60, "policyLearningRate": 0.005},
+        tmp_path, example, **spec, algorithm={**algorithm, "policyLearningRate": 0.005}
     )
     rewards = [record["reward_mean"] for record in records]
-    assert rewards[0] < 0.2, rewards
-    assert max(rewards[-3:]) >= 0.9, rewards
+    assert set(records[-1]["reward_components"]) == {"fours", "preference"}
+    assert rewards[0] < 0.3 * achievable, rewards
+    assert max(rewards[-3:]) >= 0.9 * achievable, (rewards, achievable)
