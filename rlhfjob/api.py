@@ -121,10 +121,15 @@ class Toleration(ApiModel):
     """A Kubernetes toleration, so a role's pods may land on tainted GPU nodes."""
 
     key: str | None = None
+    """The taint key it tolerates (empty with Exists: every taint)."""
     operator: Literal["Exists", "Equal"] = "Equal"
+    """Equal matches the taint's value; Exists any value."""
     value: str | None = None
+    """The taint value for operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect it tolerates (empty: every effect)."""
     toleration_seconds: int | None = None
+    """For NoExecute: how long the pod stays after the taint appears."""
 
     cel_rules = (
         CelRule(
@@ -335,9 +340,13 @@ class HeadSpec(ApiModel):
     """The Ray head: CPU only, it runs the driver and the dashboard."""
 
     cpu: Quantity = "2"
+    """CPU of the head pod."""
     memory: Quantity = "8Gi"
+    """Memory of the head pod."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the head pod must land on."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    """Taints the head pod tolerates."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,6 +386,7 @@ class AlgorithmSpec(ApiModel):
     """GRPO or PPO and their hyper-parameters."""
 
     name: Literal["grpo", "ppo"] = "grpo"
+    """GRPO (group-relative advantages, no critic) or PPO (GAE over a critic's values)."""
     group_size: int = Field(default=8, ge=1, le=1024)
     """Responses sampled per prompt (GRPO normalises rewards within each group)."""
     prompts_per_step: int = Field(default=32, ge=1, le=65536)
@@ -404,7 +414,10 @@ class AlgorithmSpec(ApiModel):
     """Text that ends a response: it ends with the token that completes the first occurrence
     (needs a tokenizer)."""
     temperature: float = Field(default=1.0, gt=0, le=10)
+    """Sampling temperature of the rollout; the log-probs and entropy are of the tempered
+    distribution."""
     top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling: sample from the smallest set of tokens holding this probability."""
     clip_range: float = Field(default=0.2, gt=0, le=10)
     """PPO ratio clipping epsilon."""
     value_clip_range: float | None = Field(default=0.2, gt=0)
@@ -412,9 +425,11 @@ class AlgorithmSpec(ApiModel):
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL to the reference policy."""
     kl_estimator: Literal["k1", "k3"] = "k3"
+    """How the KL is estimated per token: k1 (log-ratio) or k3 (the unbiased, positive one)."""
     kl_mode: Literal["reward", "loss"] = "loss"
     """Apply KL as a per-token reward penalty or as a loss term."""
     entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus in the policy loss."""
     gamma: float = Field(default=1.0, ge=0, le=1)
     """GAE discount (PPO)."""
     gae_lambda: float = Field(default=0.95, ge=0, le=1)
@@ -422,11 +437,18 @@ class AlgorithmSpec(ApiModel):
     scale_rewards: bool = True
     """GRPO: divide group-centred rewards by the group's standard deviation."""
     policy_learning_rate: float = Field(default=1e-6, gt=0, le=1)
+    """Peak learning rate of the policy's optimizer (AdamW)."""
     critic_learning_rate: float = Field(default=5e-6, gt=0, le=1)
+    """Peak learning rate of the critic's optimizer (PPO)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after the warm-up, over the run's optimizer steps."""
     warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear warm-up from 0 to the peak learning rate."""
     max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradients are clipped to this global norm."""
     seed: int = Field(default=0, ge=0)
+    """Seeds initialisation, the data order and sampling, so a resumed run repeats the
+    uninterrupted one."""
 
     cel_rules = (
         CelRule(
@@ -496,6 +518,8 @@ class RewardSourceSpec(ApiModel):
     """One way to score responses: a rule function, the reward-model role, or a remote server."""
 
     type: Literal["function", "model", "remote"] = "function"
+    """`function`: a rule function; `model`: the reward-model role (roles.reward serving
+    model.reward); `remote`: an HTTP reward server."""
     function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     """A rule reward as `module:function` importable in the trainer image."""
     remote: RemoteRewardSpec | None = None
@@ -541,6 +565,9 @@ class RewardSpec(ApiModel):
     """How responses are scored: one source, or (`type: combined`) a weighted sum of several."""
 
     type: Literal["function", "model", "remote", "combined"] = "function"
+    """`function`: a rule function; `model`: the reward-model role (roles.reward serving
+    model.reward); `remote`: an HTTP reward server; `combined`: the weighted sum of
+    `components`."""
     function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     """A rule reward as `module:function` importable in the trainer image."""
     remote: RemoteRewardSpec | None = None
@@ -604,16 +631,20 @@ class CheckpointSpec(ApiModel):
     volume: FreeForm | None = None
     """A Kubernetes volume source (for example a persistentVolumeClaim) mounted at path."""
     interval_steps: int = Field(default=50, ge=1)
+    """Checkpoint every this many steps (and at the last step and on SIGTERM)."""
     keep_last: int = Field(default=3, ge=1, le=1000)
+    """Complete checkpoints the trainer keeps; older ones it removes (the operator never does)."""
 
 
 class RecoverySpec(ApiModel):
     """The recovery ladder's budget and pacing."""
 
     max_restarts: int = Field(default=3, ge=0, le=1000)
+    """Restarts before the job is Failed (RestartsExhausted)."""
     backoff_seconds: int = Field(default=10, ge=0)
     """First delay before a restart; doubles each time."""
     max_backoff_seconds: int = Field(default=300, ge=0)
+    """The doubling restart delay stops growing here."""
     restart_strategy: Literal["InPlaceFirst", "RecreateCluster"] = "InPlaceFirst"
     """InPlaceFirst climbs the ladder cheapest first; RecreateCluster always starts over."""
     cluster_recovery_timeout_seconds: int = Field(default=600, ge=1)
@@ -632,6 +663,7 @@ class LivenessSpec(ApiModel):
     """How the operator tells a hung or stalled trainer from a slow one."""
 
     heartbeat_interval_seconds: int = Field(default=10, ge=1)
+    """How often the trainer renews its heartbeat Lease."""
     heartbeat_timeout_seconds: int = Field(default=60, ge=1)
     """No heartbeat for this long: the trainer is hung."""
     progress_timeout_seconds: int = Field(default=1800, ge=1)
@@ -657,6 +689,7 @@ class RLHFJobSpec(ApiModel):
     image: str = Field(min_length=1)
     """Container image with the trainer (Ray, DeepSpeed, vLLM)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Pull policy of the Ray pods' image."""
     entrypoint: str | None = Field(default=None, min_length=1, max_length=4096)
     """Ray job entrypoint instead of `rlhfjob train` (custom drivers, smoke tests). The operator
     appends `--resume-from latest` when it resumes."""
@@ -672,6 +705,7 @@ class RLHFJobSpec(ApiModel):
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     liveness: LivenessSpec = Field(default_factory=LivenessSpec)
     ray_version: str = Field(default="2.60.0", pattern=r"^\d+\.\d+\.\d+$")
+    """The Ray version of the image (KubeRay's rayVersion)."""
     suspend: bool = False
     """Stop training and release the cluster; checkpoints stay. Unset to resume."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)

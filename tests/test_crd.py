@@ -60,6 +60,16 @@ def test_every_property_has_a_type(crd: dict[str, Any]) -> None:
             assert "type" in node or node.get("x-kubernetes-int-or-string"), path
 
 
+def test_kubectl_explain_documents_every_spec_field(crd: dict[str, Any]) -> None:
+    spec = _schema(crd)["properties"]["spec"]
+    undocumented = [
+        path
+        for path, node in _walk(spec)
+        if path.rsplit("/", 2)[-2:-1] == ["properties"] and not node.get("description")
+    ]
+    assert not undocumented, f"fields without a description: {undocumented}"
+
+
 def test_optional_fields_are_nullable_and_quantities_int_or_string(crd: dict[str, Any]) -> None:
     spec = _schema(crd)["properties"]["spec"]["properties"]
     assert spec["activeDeadlineSeconds"]["nullable"] is True
