@@ -44,7 +44,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_trainer.rewards import Decode, RewardFunctionError
+from rlhf_trainer.rewards import Decode, RewardFunctionError, checked_batch
 from rlhfjob.api import RemoteRewardSpec
 
 MAX_RETRY_AFTER_SECONDS = 60.0
@@ -256,12 +256,7 @@ class RemoteReward:
         responses: list[list[int]],
         metadata: list[dict[str, Any]] | None = None,
     ) -> list[float]:
-        if len(prompts) != len(responses):
-            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-        if metadata is None:
-            metadata = [{} for _ in responses]
-        elif len(metadata) != len(responses):
-            raise ValueError(f"{len(metadata)} metadata entries but {len(responses)} responses")
+        metadata = checked_batch(prompts, responses, metadata)
 
         stats = _CallStats(samples=len(responses))
         self._last = stats

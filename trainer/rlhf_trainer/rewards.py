@@ -115,6 +115,20 @@ def keyword_parameters(spec: str, function: RewardFunction) -> tuple[str, ...] |
     return tuple(name for name in KEYWORD_PARAMETERS if name in parameters)
 
 
+def checked_batch(
+    prompts: list[list[int]], responses: list[list[int]], metadata: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The batch's metadata (empty records when there is none); ValueError when the prompts,
+    responses and metadata differ in length. Every reward source checks its input with it."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    if metadata is None:
+        return [{} for _ in responses]
+    if len(metadata) != len(responses):
+        raise ValueError(f"{len(metadata)} metadata entries but {len(responses)} responses")
+    return metadata
+
+
 @dataclass
 class RuleReward:
     """A loaded reward function plus the checks that make its mistakes fail loudly.
@@ -147,12 +161,7 @@ class RuleReward:
         responses: list[list[int]],
         metadata: list[dict[str, Any]] | None = None,
     ) -> list[float]:
-        if len(prompts) != len(responses):
-            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-        if metadata is None:
-            metadata = [{} for _ in responses]
-        elif len(metadata) != len(responses):
-            raise ValueError(f"{len(metadata)} metadata entries but {len(responses)} responses")
+        metadata = checked_batch(prompts, responses, metadata)
 
         try:
             if self.keywords is None:
@@ -235,6 +244,7 @@ class ModelReward:
     ) -> list[float]:
         if self.fleet is None:
             raise RuntimeError("the reward-model replicas are not started (attach a fleet first)")
+        checked_batch(prompts, responses, metadata)
         prompt_texts = [self.decode(ids) for ids in prompts]
         response_texts = [self.decode(ids) for ids in responses]
         return list(self.fleet.score(prompt_texts, response_texts, self.batch_size))
