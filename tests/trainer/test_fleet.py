@@ -17,6 +17,7 @@ import pytest
 
 from rlhf_trainer.fleet import Chunk, assign_chunks, plan_chunks, split_evenly
 from rlhf_trainer.seeds import derive_seed
+from trainer.recorder import Recorder
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
 
@@ -119,23 +120,6 @@ def policy(spec: Any) -> Iterator[Any]:
     group = WorkerGroup(PolicyWorker, spec, "trainer", spec.roles.trainer, 10).wait_ready()
     yield group
     group.shutdown()
-
-
-class Recorder:
-    """What the fleet logs and reports."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.counts: list[tuple[int, int]] = []
-
-    def log(self, line: str) -> None:
-        self.lines.append(line)
-
-    def report(self, live: int, desired: int) -> None:
-        self.counts.append((live, desired))
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
 
 
 @pytest.fixture

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from rlhf_local.harness import wait_for
 from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer, target_token_ids
+from trainer.recorder import Recorder
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
 TARGET = "4"
@@ -191,14 +193,6 @@ def test_the_launcher_claims_the_reward_resource() -> None:
 # The fleet on a real local Ray
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
@@ -213,21 +207,6 @@ def ray_cluster() -> Iterator[Any]:
     )
     yield ray
     ray.shutdown()
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.counts: list[tuple[int, int]] = []
-
-    def log(self, line: str) -> None:
-        self.lines.append(line)
-
-    def report(self, live: int, desired: int) -> None:
-        self.counts.append((live, desired))
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
 
 
 @pytest.fixture
