@@ -6,9 +6,9 @@ from collections.abc import Generator
 
 import pytest
 
-from rlhf_local.testing import failure_report, local_cluster, namespace
+from rlhf_local.testing import failure_report, local_cluster, namespace, unrestricted_namespace
 
-__all__ = ["local_cluster", "namespace"]
+__all__ = ["local_cluster", "namespace", "unrestricted_namespace"]
 
 
 @pytest.hookimpl(hookwrapper=True)

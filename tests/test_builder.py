@@ -135,15 +135,76 @@ def test_every_pod_gets_shm_job_config_and_checkpoint_volume() -> None:
         assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
         assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
         assert volumes["job-config"]["configMap"]["name"] == "demo-config"
-        assert mounts == {"dshm": "/dev/shm", "job-config": "/etc/rlhfjob", "checkpoints": "/ckpt"}
+        assert mounts == {
+            "dshm": "/dev/shm",
+            "job-config": "/etc/rlhfjob",
+            "checkpoints": "/ckpt",
+            **builder.WRITABLE_PATHS,
+        }
 
 
-def test_pods_run_as_non_root() -> None:
-    cluster = builder.build_ray_cluster(_job())
+RESTRICTED_VOLUME_TYPES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+}  # fmt: skip
+"""What Pod Security "restricted" admits."""
+
+
+def test_pods_pass_pod_security_restricted_with_a_read_only_root() -> None:
+    volume = {"persistentVolumeClaim": {"claimName": "ckpt"}}
+    cluster = builder.build_ray_cluster(_job({"spec": {"checkpoint": {"volume": volume}}}))
     for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]:
         spec = group["template"]["spec"]
-        assert spec["securityContext"]["runAsNonRoot"] is True
-        assert _container(group["template"])["securityContext"]["allowPrivilegeEscalation"] is False
+        pod_security = spec["securityContext"]
+        assert pod_security["runAsNonRoot"] is True
+        assert pod_security["seccompProfile"] == {"type": "RuntimeDefault"}
+        container = _container(group["template"])["securityContext"]
+        assert container["allowPrivilegeEscalation"] is False
+        assert container["capabilities"] == {"drop": ["ALL"]}
+        assert container["readOnlyRootFilesystem"] is True
+        for volume_spec in spec["volumes"]:
+            (kind,) = set(volume_spec) - {"name"}
+            assert kind in RESTRICTED_VOLUME_TYPES, volume_spec
+
+
+def test_only_the_head_gets_an_api_token() -> None:
+    cluster = builder.build_ray_cluster(_job())
+    assert cluster["spec"]["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"]
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        assert group["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_ray_runs_with_token_auth_from_the_jobs_secret() -> None:
+    job = _job()
+    cluster = builder.build_ray_cluster(job)
+    secret = builder.build_ray_auth_secret(job, "t0ken")
+    assert cluster["spec"]["authOptions"] == {
+        "mode": "token",
+        "secretName": secret["metadata"]["name"],
+    }
+    assert secret["data"] == {"auth_token": "dDBrZW4="}
+    assert "t0ken" not in json.dumps(cluster)
+
+
+def test_the_network_policy_admits_the_jobs_pods_and_the_operator_to_the_dashboard_only() -> None:
+    policy = builder.build_network_policy(_job(), "rlhfjob-system")["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"rlhf.dev/job": "demo"}}
+    assert policy["policyTypes"] == ["Ingress"]
+    own, operator = policy["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"rlhf.dev/job": "demo"}}}]}
+    (peer,) = operator["from"]
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "rlhfjob-system"}
+    }
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+
+
+def test_a_job_read_from_a_file_renders_to_yaml_kubectl_applies() -> None:
+    job = load_job(ROOT / "examples" / "grpo-1gpu.yaml")
+    rendered = builder.to_yaml(builder.build_ray_cluster(job), builder.build_config_map(job))
+    assert "&id" not in rendered and "*id" not in rendered, "no YAML anchors"
+    assert "uid:" not in rendered and "ownerReferences" not in rendered
 
 
 def test_labels_and_owner_reference_tie_objects_to_the_job() -> None:

@@ -17,6 +17,7 @@ without torch or kopf installed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -56,8 +57,26 @@ def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     from rlhf_operator.handlers import OperatorSettings, registry
+    from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, JobPolicy
+    from rlhf_operator.ray_auth import RayAuth, RayAuthKeyError
 
-    settings = OperatorSettings(timer_interval=args.timer_interval, metrics_port=args.metrics_port)
+    try:
+        ray_auth = RayAuth.from_file(args.ray_auth_key_file)
+    except RayAuthKeyError as error:
+        print(f"rlhfjob operator: {error}", file=sys.stderr)
+        return 2
+    policy = JobPolicy(
+        allowed_volume_types=tuple(args.allowed_volume_type or DEFAULT_VOLUME_TYPES),
+        allowed_service_accounts=tuple(args.allowed_service_account or ()),
+        operator_namespace=args.operator_namespace or os.environ.get("POD_NAMESPACE"),
+        operator_service_account=args.operator_service_account,
+    )
+    settings = OperatorSettings(
+        ray_auth=ray_auth,
+        timer_interval=args.timer_interval,
+        metrics_port=args.metrics_port,
+        policy=policy,
+    )
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=True,
@@ -131,6 +150,28 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--health-port", type=int, default=8081)
     operator.add_argument(
         "--timer-interval", type=float, default=5.0, help="seconds between re-reads of each job"
+    )
+    operator.add_argument(
+        "--ray-auth-key-file",
+        required=True,
+        help="secret key the jobs' Ray tokens are derived from (the chart mounts one)",
+    )
+    operator.add_argument(
+        "--operator-namespace", help="where the operator runs (default: $POD_NAMESPACE)"
+    )
+    operator.add_argument(
+        "--operator-service-account", help="the operator's own ServiceAccount (no job may use it)"
+    )
+    operator.add_argument(
+        "--allowed-volume-type",
+        action="append",
+        help="a volume source a checkpoint volume may use (repeatable; default: PVC, CSI, NFS, "
+        "emptyDir, ConfigMap, Secret)",
+    )
+    operator.add_argument(
+        "--allowed-service-account",
+        action="append",
+        help="a ServiceAccount a job may name (repeatable; default: none, the per-job one)",
     )
     operator.add_argument("--verbose", action="store_true")
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))

@@ -26,6 +26,7 @@ import yaml
 
 from rlhf_local import cluster
 from rlhf_local.faults import driver_pid
+from rlhf_local.jobs import ray_token
 from rlhf_local.paths import REPO_ROOT
 from rlhf_local.session import operator_session
 from rlhfjob import api
@@ -111,7 +112,11 @@ def run(out: Path, keep_cluster: bool = False) -> int:
                 break
             checkpoint = (status.get("lastCheckpoint") or {}).get("step")
             if injected_at is None and checkpoint and status.get("phase") == "Running":
-                pid = driver_pid(status["dashboardUrl"], status["submissionId"])
+                cluster_body = lc.custom.get_namespaced_custom_object(
+                    "ray.io", "v1", namespace, "rayclusters", name
+                )
+                token = ray_token(lc, namespace, cluster_body)  # type: ignore[arg-type]
+                pid = driver_pid(status["dashboardUrl"], status["submissionId"], token)
                 if pid:
                     os.kill(pid, signal.SIGKILL)
                     injected_at = int(status.get("currentStep") or checkpoint)

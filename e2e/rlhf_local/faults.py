@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import yaml
 
 from rlhf_local.harness import wait_for
-from rlhf_local.jobs import Jobs
+from rlhf_local.jobs import Jobs, ray_get
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.paths import REPO_ROOT
 from rlhfjob.patches import merge_patch
@@ -65,10 +64,9 @@ def fault_job(name: str, namespace: str, checkpoints: Path, **spec: Any) -> dict
 # --- injectors ----------------------------------------------------------------------------------
 
 
-def driver_pid(dashboard: str, submission_id: str) -> int | None:
+def driver_pid(dashboard: str, submission_id: str, token: str | None) -> int | None:
     """The trainer driver's process id, as the Ray dashboard reports it."""
-    with urllib.request.urlopen(f"{dashboard}/api/jobs/{submission_id}", timeout=10) as reply:
-        info = json.loads(reply.read())
+    info = ray_get(dashboard, f"/api/jobs/{submission_id}", token)
     pid = (info.get("driver_info") or {}).get("pid")
     return int(pid) if pid else None
 
@@ -76,7 +74,7 @@ def driver_pid(dashboard: str, submission_id: str) -> int | None:
 def signal_driver(jobs: Jobs, name: str, signum: int) -> int:
     """Send `signum` to the running driver of the job's current attempt; returns its pid."""
     status = jobs.status(name)
-    pid = driver_pid(jobs.dashboard(name), status["submissionId"])
+    pid = driver_pid(jobs.dashboard(name), status["submissionId"], jobs.ray_token(name))
     assert pid, f"no driver pid for {status['submissionId']}"
     os.kill(pid, signum)
     return pid

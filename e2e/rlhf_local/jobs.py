@@ -7,6 +7,7 @@ Used by the operator's e2e tests and its latency benchmark. Their driver is a Py
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import sys
@@ -21,6 +22,24 @@ from rlhfjob.patches import merge_patch
 
 if TYPE_CHECKING:
     from rlhf_local.operator_process import OperatorProcess
+
+
+def ray_get(dashboard: str, path: str, token: str | None) -> Any:
+    """GET a path of a Ray dashboard with the job's token (token auth is on for every job)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"{dashboard}{path}", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def ray_token(lc: LocalCluster, namespace: str, cluster: dict[str, Any]) -> str | None:
+    """The token a RayCluster's Ray asks for: the Secret its `authOptions` name (as a pod sees)."""
+    secret_name = ((cluster.get("spec") or {}).get("authOptions") or {}).get("secretName")
+    if not secret_name:
+        return None
+    secret = lc.core.read_namespaced_secret(secret_name, namespace)
+    return base64.b64decode((secret.data or {})["auth_token"]).decode()
+
 
 GPU_TOLERATION = {"key": pools.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
@@ -119,9 +138,17 @@ class Jobs:
         assert cluster is not None, f"{name} has no RayCluster"
         return str(cluster["metadata"]["annotations"][contract.DASHBOARD_ANNOTATION])
 
+    def ray_token(self, name: str) -> str | None:
+        cluster = self.ray_cluster(name)
+        assert cluster is not None, f"{name} has no RayCluster"
+        return ray_token(self.lc, self.namespace, cluster)
+
+    def ray_get(self, name: str, path: str) -> Any:
+        """GET from the job's Ray dashboard, authenticated as the job's own pods are."""
+        return ray_get(self.dashboard(name), path, self.ray_token(name))
+
     def ray_submissions(self, name: str) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(f"{self.dashboard(name)}/api/jobs/", timeout=10) as response:
-            listed: list[dict[str, Any]] = json.loads(response.read())
+        listed: list[dict[str, Any]] = self.ray_get(name, "/api/jobs/")
         return listed
 
     def events(self, name: str) -> list[Any]:

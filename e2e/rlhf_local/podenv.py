@@ -2,14 +2,17 @@
 
 A real Ray pod runs with its container's environment, its ConfigMap volumes mounted and its
 ServiceAccount's token. The stand-in runs Ray on this machine instead, so it recreates those
-three things for each Ray node it starts: the container's literal env vars; each ConfigMap
+three things for each Ray node it starts: the container's env vars (literal ones, and those
+from a Secret key, as the kubelet resolves them: the Ray token KubeRay injects); each ConfigMap
 volume written to a local directory (env values under the mount path are rewritten to point
-there); and a kubeconfig that authenticates as the pod's ServiceAccount, so the trainer's
-heartbeat has exactly the permissions it would have in a real cluster (its one Lease).
+there); and, unless the pod opts out of a token (`automountServiceAccountToken: false`), a
+kubeconfig that authenticates as the pod's ServiceAccount, so the trainer's heartbeat has
+exactly the permissions it would have in a real cluster (its one Lease).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from pathlib import Path
@@ -43,11 +46,23 @@ def _write_config_maps(core: client.CoreV1Api, pod: Any, root: Path) -> dict[str
     return local
 
 
+def _secret_value(core: client.CoreV1Api, namespace: str, ref: Any) -> str | None:
+    """A `secretKeyRef`'s value; None when the Secret or key is missing (a kubelet would wait)."""
+    try:
+        secret = core.read_namespaced_secret(ref.name, namespace)
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+        return None
+    encoded = (secret.data or {}).get(ref.key)
+    return base64.b64decode(encoded).decode() if encoded is not None else None
+
+
 def _service_account_kubeconfig(
     core: client.CoreV1Api, pod: Any, admin_kubeconfig: Path, path: Path
 ) -> Path | None:
     account = pod.spec.service_account_name
-    if not account:
+    if not account or pod.spec.automount_service_account_token is False:
         return None
     minted = core.create_namespaced_service_account_token(
         account,
@@ -85,9 +100,11 @@ def pod_environment(
     mounted = _write_config_maps(core, pod, root)
     env: dict[str, str] = {}
     for var in pod.spec.containers[0].env or []:
-        if var.value is None:
-            continue  # valueFrom: nothing local to resolve it from
         value = var.value
+        if value is None and var.value_from is not None and var.value_from.secret_key_ref:
+            value = _secret_value(core, pod.metadata.namespace, var.value_from.secret_key_ref)
+        if value is None:
+            continue  # another valueFrom: nothing local to resolve it from
         for mount_path, directory in mounted.items():
             if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
                 value = directory + value[len(mount_path.rstrip("/")) :]

@@ -224,9 +224,10 @@ class StandIn:
         log_path = self.log_dir / f"{label}.log"
         env = {**os.environ, **(pod_env or {})}
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # Ray turns token auth on by itself when ~/.ray/auth_token exists; these clusters
-        # listen on this machine only and the operator talks to them without a token.
-        env["RAY_AUTH_MODE"] = "disabled"
+        # Token auth as the pod asks for it (KubeRay sets RAY_AUTH_MODE and RAY_AUTH_TOKEN in
+        # every container of a RayCluster with `authOptions`); else off, whatever this machine
+        # has (Ray turns it on by itself when ~/.ray/auth_token exists).
+        env["RAY_AUTH_MODE"] = (pod_env or {}).get("RAY_AUTH_MODE", "disabled")
         # A raylet waits this long for its dashboard agent; Ray's default (seconds) is too
         # short when a few Ray nodes start at once on two busy cores.
         env.setdefault("RAY_agent_register_timeout_ms", "120000")
@@ -302,8 +303,13 @@ class StandIn:
             # Ready: the head node registered (its `ray start` says so) and the dashboard,
             # which serves the Job Submission API, answers.
             if head.is_registered():
+                token = pod_env.get("RAY_AUTH_TOKEN")
+                request = urllib.request.Request(
+                    f"{local.dashboard}/api/version",
+                    headers={"Authorization": f"Bearer {token}"} if token else {},
+                )
                 try:
-                    with urllib.request.urlopen(f"{local.dashboard}/api/version", timeout=2) as r:
+                    with urllib.request.urlopen(request, timeout=2) as r:
                         if r.status == 200:
                             break
                 except OSError:

@@ -5,7 +5,9 @@ Fixtures (import them into a conftest.py):
 * ``local_cluster`` (session): a running cluster. Reuses one that is already up (and leaves
   it running); otherwise starts one and stops it at the end of the session unless
   ``RLHF_KEEP_CLUSTER=1``.
-* ``namespace``: a fresh namespace per test, deleted afterwards.
+* ``namespace``: a fresh namespace per test that enforces Pod Security "restricted" (so every
+  job the tests run proves its pods pass it), deleted afterwards.
+* ``unrestricted_namespace``: the same without Pod Security (tests of raw RayClusters).
 
 The helpers the fixtures use live in :mod:`rlhf_local.harness` (no pytest there) and are
 re-exported here for the tests.
@@ -32,6 +34,7 @@ __all__ = [
     "failure_report",
     "local_cluster",
     "namespace",
+    "unrestricted_namespace",
     "wait_for",
 ]
 
@@ -50,12 +53,33 @@ def local_cluster() -> Iterator[LocalCluster]:
             cluster.down()
 
 
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+"""The labels that make the API server refuse pods that fail Pod Security "restricted"."""
+
+
 @pytest.fixture
 def namespace(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A namespace of its own for one test, deleted (and waited for) afterwards."""
+    """A restricted namespace of its own for one test, deleted (and waited for) afterwards."""
+    yield from _namespace(local_cluster, request, RESTRICTED)
+
+
+@pytest.fixture
+def unrestricted_namespace(
+    local_cluster: LocalCluster, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    yield from _namespace(local_cluster, request, {})
+
+
+def _namespace(
+    local_cluster: LocalCluster, request: pytest.FixtureRequest, labels: dict[str, str]
+) -> Iterator[str]:
     base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:5]}"
-    local_cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    metadata = client.V1ObjectMeta(name=name, labels=labels or None)
+    local_cluster.core.create_namespace(client.V1Namespace(metadata=metadata))
     try:
         yield name
     finally:

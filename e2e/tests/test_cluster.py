@@ -18,6 +18,13 @@ from rlhf_local.testing import LocalCluster, events_for, wait_for
 
 pytestmark = pytest.mark.e2e
 
+
+@pytest.fixture
+def namespace(unrestricted_namespace: str) -> str:
+    """These RayClusters are KubeRay's plain examples, not the operator's restricted pods."""
+    return unrestricted_namespace
+
+
 RAY_IMAGE = "rayproject/ray:2.60.0"
 #: Starting a Ray node takes 10-40 s of CPU on two cores (the stand-in starts them one at a
 #: time and retries a node that failed to register), so waits for Ray nodes are generous.

@@ -252,7 +252,8 @@ def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> No
     # The old driver can outlive its head for a moment (the stand-in's Ray starts drivers in a
     # session of their own) and finish one more checkpoint: the new attempt must resume from
     # the newest, which is at least the one there at the failure.
-    wait_for(lambda: 1 in run.record.steps_by_attempt(), JOB_TIMEOUT, "the resumed attempt")
+    wait_for(lambda: 1 in run.record.steps_by_attempt(), JOB_TIMEOUT, "the resumed attempt",
+             details=run.explain)  # fmt: skip
     resumed = run.record.steps_by_attempt()[1][0] - 1
     assert resumed >= at_failure and resumed in run.record.checkpoint_steps(), resumed
     run.assert_recovered([resumed])

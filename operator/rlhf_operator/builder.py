@@ -8,6 +8,7 @@ the role so the trainer can pin its actors there.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from typing import Any
@@ -16,11 +17,15 @@ import yaml
 
 from rlhf_operator.names import (
     DASHBOARD_PORT,
+    LABEL_JOB,
     LABEL_ROLE,
+    OPERATOR_POD_LABELS,
     config_map_name,
     heartbeat_lease_name,
     heartbeat_role_name,
     job_labels,
+    network_policy_name,
+    ray_auth_secret_name,
     ray_cluster_name,
     trainer_service_account,
 )
@@ -32,6 +37,14 @@ from rlhfjob.contract.kuberay import RAY_API_VERSION, RAY_CLUSTER_KIND
 JOB_CONFIG_DIR = "/etc/rlhfjob"
 JOB_CONFIG_FILE = "job.yaml"
 SHM_PATH = "/dev/shm"
+WRITABLE_PATHS = {
+    "tmp": "/tmp",  # Ray's session directory, torch inductor, every library's scratch space
+    "cache": "/home/ray/.cache",  # ~/.cache: DeepSpeed ops, vLLM, Hugging Face
+    "triton": "/home/ray/.triton",  # Triton's kernel cache
+}
+"""The root filesystem is read-only; these are the image user's writable paths (emptyDirs)."""
+RAY_AUTH_TOKEN_KEY = "auth_token"
+"""The key KubeRay reads the token from in `authOptions.secretName`."""
 GPU_RESOURCE = "nvidia.com/gpu"
 
 RAY_PORTS = [
@@ -48,19 +61,21 @@ def owner_reference(job: RLHFJob) -> dict[str, Any]:
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
         "name": job.metadata.name,
-        "uid": job.metadata.uid or "",
+        "uid": job.metadata.uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
 
 
 def _metadata(job: RLHFJob, name: str) -> dict[str, Any]:
-    return {
+    metadata: dict[str, Any] = {
         "name": name,
         "namespace": job.metadata.namespace,
         "labels": job_labels(job),
-        "ownerReferences": [owner_reference(job)],
     }
+    if job.metadata.uid:  # a job read from a file (`rlhfjob render`) owns nothing yet
+        metadata["ownerReferences"] = [owner_reference(job)]
+    return metadata
 
 
 def build_config_map(job: RLHFJob) -> dict[str, Any]:
@@ -94,10 +109,12 @@ def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
 def _volumes(job: RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        *({"name": name, "emptyDir": {}} for name in WRITABLE_PATHS),
         {"name": "job-config", "configMap": {"name": config_map_name(job)}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "dshm", "mountPath": SHM_PATH},
+        *({"name": name, "mountPath": path} for name, path in WRITABLE_PATHS.items()),
         {"name": "job-config", "mountPath": JOB_CONFIG_DIR, "readOnly": True},
     ]
     if job.spec.checkpoint.volume is not None:
@@ -106,12 +123,21 @@ def _volumes(job: RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return volumes, mounts
 
 
+# Pod Security "restricted": non-root, no privilege escalation, no capabilities, the runtime's
+# seccomp profile; and a read-only root filesystem (Ray writes only under /tmp and the cache).
 _CONTAINER_SECURITY = {
     "runAsNonRoot": True,
     "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
-_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
+_POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 100,
+    "fsGroup": 100,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def _pod_env(job: RLHFJob, role: str) -> list[dict[str, str]]:
@@ -149,6 +175,8 @@ def _pod_template(
         container["ports"] = ports
     pod_spec: dict[str, Any] = {
         "serviceAccountName": trainer_service_account(job),
+        # Only the head's driver talks to the API server (it renews the heartbeat Lease).
+        "automountServiceAccountToken": role == "head",
         "securityContext": copy.deepcopy(_POD_SECURITY),
         "containers": [container],
         "volumes": volumes,
@@ -195,6 +223,8 @@ def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
         "spec": {
             "rayVersion": job.spec.ray_version,
             "enableInTreeAutoscaling": False,
+            # KubeRay puts the token of this Secret in every Ray container's environment.
+            "authOptions": {"mode": "token", "secretName": ray_auth_secret_name(job)},
             "headGroupSpec": {
                 "serviceType": "ClusterIP",
                 # num-cpus 0: the head runs only the driver; actors go to their role's pool.
@@ -217,9 +247,58 @@ def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
     }
 
 
+def build_ray_auth_secret(job: RLHFJob, token: str) -> dict[str, Any]:
+    """The job's Ray token (`ray_auth.RayAuth` derives it), for `authOptions.secretName`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(job, ray_auth_secret_name(job)),
+        "type": "Opaque",
+        "data": {RAY_AUTH_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def build_network_policy(job: RLHFJob, operator_namespace: str | None) -> dict[str, Any]:
+    """The job's Ray pods take connections only from each other, and the operator's dashboard
+    calls. Without an operator namespace (a development operator) the operator's pods are
+    matched by label in any namespace."""
+    own_pods = {"podSelector": {"matchLabels": {LABEL_JOB: job.metadata.name}}}
+    operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
+    operator["namespaceSelector"] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
+        if operator_namespace
+        else {}
+    )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, network_policy_name(job)),
+        "spec": {
+            **own_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [copy.deepcopy(own_pods)]},
+                {
+                    "from": [operator],
+                    "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}],
+                },
+            ],
+        },
+    }
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes repeated objects out in full: `kubectl apply` and humans read no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def to_yaml(*manifests: dict[str, Any]) -> str:
     """Manifests as one multi-document YAML string, key order preserved (it is deterministic)."""
-    return "---\n".join(yaml.safe_dump(m, sort_keys=False, width=100) for m in manifests)
+    return "---\n".join(
+        yaml.dump(m, Dumper=_NoAliasDumper, sort_keys=False, width=100) for m in manifests
+    )
 
 
 def build_heartbeat_lease(job: RLHFJob) -> dict[str, Any]:
@@ -274,6 +353,14 @@ def build_trainer_rbac(job: RLHFJob) -> list[dict[str, Any]]:
     return objects
 
 
-def build_owned_objects(job: RLHFJob) -> list[dict[str, Any]]:
+def build_owned_objects(
+    job: RLHFJob, ray_token: str, operator_namespace: str | None
+) -> list[dict[str, Any]]:
     """Everything the operator applies for a running job, in dependency order."""
-    return [*build_trainer_rbac(job), build_config_map(job), build_ray_cluster(job)]
+    return [
+        *build_trainer_rbac(job),
+        build_ray_auth_secret(job, ray_token),
+        build_network_policy(job, operator_namespace),
+        build_config_map(job),
+        build_ray_cluster(job),
+    ]

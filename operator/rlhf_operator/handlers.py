@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiohttp
@@ -22,6 +22,8 @@ from rlhf_operator.kube import Kube, load_kube_config
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
 from rlhf_operator.names import LABEL_JOB
+from rlhf_operator.policy import JobPolicy
+from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.rayjobs import RayJobClient
 from rlhf_operator.reconciler import Reconciler
 from rlhfjob import api
@@ -34,10 +36,14 @@ log = logging.getLogger("rlhf_operator")
 class OperatorSettings:
     """What `rlhfjob operator` takes from its flags."""
 
+    ray_auth: RayAuth
+    """Derives each job's Ray token (from the key file the chart mounts)."""
     timer_interval: float = 5.0
     """Seconds between re-reads of each job."""
     metrics_port: int = 8080
     """Prometheus endpoint; 0: none."""
+    policy: JobPolicy = field(default_factory=JobPolicy)
+    """What a job may ask for (volume types, ServiceAccounts)."""
 
 
 def _emit(body: dict[str, Any], event: Event) -> None:
@@ -71,7 +77,14 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         kube = Kube(load_kube_config())
         state.update(
             session=session,
-            reconciler=Reconciler(kube, RayJobClient(session), metrics, emit=_emit),
+            reconciler=Reconciler(
+                kube,
+                RayJobClient(session),
+                metrics,
+                emit=_emit,
+                ray_auth=operator_settings.ray_auth,
+                policy=operator_settings.policy,
+            ),
         )
 
     @kopf.on.cleanup(registry=handlers)

@@ -21,6 +21,11 @@ DASHBOARD_PORT = 8265
 LABEL_JOB = f"{api.GROUP}/job"
 LABEL_ROLE = f"{api.GROUP}/role"
 STANDARD_LABELS = {"app.kubernetes.io/name": "rlhfjob", "app.kubernetes.io/managed-by": MANAGED_BY}
+OPERATOR_POD_LABELS = {
+    "app.kubernetes.io/name": "rlhfjob",
+    "app.kubernetes.io/component": "operator",
+}
+"""The labels of the operator's pod (the chart sets them); a job's head admits those pods."""
 
 
 def short_name(base: str, limit: int) -> str:
@@ -47,6 +52,16 @@ def trainer_service_account(job: RLHFJob) -> str:
 def heartbeat_role_name(job: RLHFJob) -> str:
     """The Role and RoleBinding that let the trainer renew its Lease."""
     return short_name(f"{job.metadata.name}-heartbeat", 63)
+
+
+def ray_auth_secret_name(job: RLHFJob) -> str:
+    """The Secret holding the job's Ray token (KubeRay puts it in every Ray container's env)."""
+    return short_name(f"{job.metadata.name}-ray-auth", 63)
+
+
+def network_policy_name(job: RLHFJob) -> str:
+    """The NetworkPolicy that admits only the job's own pods and the operator to its head."""
+    return short_name(f"{job.metadata.name}-ray-head", 63)
 
 
 def heartbeat_lease_name(job: RLHFJob) -> str:

@@ -7,6 +7,7 @@ reconciler handles exactly those, and anything else is a bug that shows as one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlhf_operator.views import RayJobView
@@ -17,6 +18,14 @@ class DashboardUnavailableError(Exception):
 
     The reconciler turns it into a condition and a retry, never a failure of the job.
     """
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """A job's Ray dashboard: where it answers, and the token it asks for (`ray_auth`)."""
+
+    url: str
+    token: str | None = field(default=None, repr=False)  # never in a log line
 
 
 class KubePort(Protocol):
@@ -51,13 +60,13 @@ class KubePort(Protocol):
 class RayJobsPort(Protocol):
     """Ray's Job Submission API on one dashboard; raises `DashboardUnavailableError`."""
 
-    async def status(self, dashboard: str, submission_id: str) -> RayJobView | None:
+    async def status(self, dashboard: Dashboard, submission_id: str) -> RayJobView | None:
         """None: Ray knows no job by that id."""
         ...
 
     async def submit(
         self,
-        dashboard: str,
+        dashboard: Dashboard,
         submission_id: str,
         entrypoint: str,
         *,
@@ -67,4 +76,4 @@ class RayJobsPort(Protocol):
         """Idempotent by submission id."""
         ...
 
-    async def stop(self, dashboard: str, submission_id: str) -> None: ...
+    async def stop(self, dashboard: Dashboard, submission_id: str) -> None: ...

@@ -1,8 +1,9 @@
 """A small client for Ray's Job Submission REST API on the head's dashboard.
 
 Only what the operator needs: submit (idempotent by submission id), read one job's status, stop
-it. Every call has a timeout; a dashboard that does not answer raises `DashboardUnavailableError`,
-which the reconciler turns into a condition and a retry, never a failure of the job.
+it. Every call carries the job's Ray token and has a timeout; a dashboard that does not answer
+(or refuses the token) raises `DashboardUnavailableError`, which the reconciler turns into a
+condition and a retry, never a failure of the job.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from rlhf_operator.ports import DashboardUnavailableError
+from rlhf_operator.ports import Dashboard, DashboardUnavailableError
 from rlhf_operator.views import RayJobView, ray_job_view
 
 __all__ = ["DashboardUnavailableError", "RayJobClient"]
@@ -26,13 +27,17 @@ class RayJobClient:
         self._session = session
 
     async def _request(
-        self, method: str, url: str, payload: dict[str, Any] | None = None
+        self, method: str, dashboard: Dashboard, path: str, payload: dict[str, Any] | None = None
     ) -> tuple[int, Any]:
+        url = f"{dashboard.url}{path}"
+        headers = {"Authorization": f"Bearer {dashboard.token}"} if dashboard.token else {}
         try:
             async with self._session.request(
-                method, url, json=payload, timeout=REQUEST_TIMEOUT
+                method, url, json=payload, headers=headers, timeout=REQUEST_TIMEOUT
             ) as response:
                 text = await response.text()
+                if response.status in (401, 403):  # a token that does not match this head
+                    raise DashboardUnavailableError(f"{method} {url}: HTTP {response.status}")
                 if response.status >= 500 and "already exists" not in text:
                     problem = f"{method} {url}: HTTP {response.status}: {text}"
                     raise DashboardUnavailableError(problem)
@@ -45,9 +50,9 @@ class RayJobClient:
             problem = f"{method} {url}: {error or type(error).__name__}"
             raise DashboardUnavailableError(problem) from None
 
-    async def status(self, dashboard: str, submission_id: str) -> RayJobView | None:
+    async def status(self, dashboard: Dashboard, submission_id: str) -> RayJobView | None:
         """The job's state, or None when no job with that id was submitted."""
-        code, body = await self._request("GET", f"{dashboard}/api/jobs/{submission_id}")
+        code, body = await self._request("GET", dashboard, f"/api/jobs/{submission_id}")
         if code == 404:
             return None
         if code != 200 or not isinstance(body, dict) or "status" not in body:
@@ -56,7 +61,7 @@ class RayJobClient:
 
     async def submit(
         self,
-        dashboard: str,
+        dashboard: Dashboard,
         submission_id: str,
         entrypoint: str,
         *,
@@ -70,12 +75,12 @@ class RayJobClient:
             "runtime_env": {"env_vars": env},
             "metadata": metadata,
         }
-        code, body = await self._request("POST", f"{dashboard}/api/jobs/", payload)
+        code, body = await self._request("POST", dashboard, "/api/jobs/", payload)
         if code == 200 or "already exists" in str(body):
             return
         raise DashboardUnavailableError(f"submitting {submission_id}: HTTP {code}: {body}")
 
-    async def stop(self, dashboard: str, submission_id: str) -> None:
-        code, body = await self._request("POST", f"{dashboard}/api/jobs/{submission_id}/stop")
+    async def stop(self, dashboard: Dashboard, submission_id: str) -> None:
+        code, body = await self._request("POST", dashboard, f"/api/jobs/{submission_id}/stop")
         if code not in (200, 404):
             raise DashboardUnavailableError(f"stopping {submission_id}: HTTP {code}: {body}")

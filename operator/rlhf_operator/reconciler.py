@@ -30,7 +30,9 @@ from rlhf_operator.lifecycle import (
     decide,
 )
 from rlhf_operator.metrics import OperatorMetrics
-from rlhf_operator.ports import DashboardUnavailableError, KubePort, RayJobsPort
+from rlhf_operator.policy import JobPolicy
+from rlhf_operator.ports import Dashboard, DashboardUnavailableError, KubePort, RayJobsPort
+from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.views import (
     Observed,
     cluster_view,
@@ -61,10 +63,14 @@ class Reconciler:
         ray_jobs: RayJobsPort,
         metrics: OperatorMetrics,
         emit: EventSink,
+        ray_auth: RayAuth,
+        policy: JobPolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.kube = kube
         self.ray_jobs = ray_jobs
+        self.ray_auth = ray_auth
+        self.policy = policy or JobPolicy()
         self.metrics = metrics
         self.emit = emit
         self.clock = clock
@@ -102,6 +108,11 @@ class Reconciler:
         except InvalidJobError as error:
             await self._reject(body, error)
             return None
+        pending = job.status is None or job.status.phase == Phase.PENDING
+        # Before any cluster exists: a job that breaks the policy never gets one.
+        if pending and (problems := self.policy.problems(job)):
+            await self._reject(body, InvalidJobError(f"{namespace}/{name}", problems))
+            return None
         seen = await self.observe(job, body)
         plan = decide(seen)
         submit_error = await self.act(job, body, seen, plan)
@@ -126,11 +137,12 @@ class Reconciler:
         ray_job = previous_ray_job = dashboard_error = problem = None
         attempt = names.submission_id(job, status.restart_count)
         if cluster and cluster.ready and not cluster.deleting and cluster.dashboard:
+            dashboard = self._dashboard(job, cluster.dashboard)
             try:
-                ray_job = await self.ray_jobs.status(cluster.dashboard, attempt)
+                ray_job = await self.ray_jobs.status(dashboard, attempt)
                 if ray_job is None and status.restart_count > 0:
                     previous = names.submission_id(job, status.restart_count - 1)
-                    previous_ray_job = await self.ray_jobs.status(cluster.dashboard, previous)
+                    previous_ray_job = await self.ray_jobs.status(dashboard, previous)
             except DashboardUnavailableError as error:
                 dashboard_error = error_text(error)
         elif cluster and not cluster.ready:
@@ -153,11 +165,15 @@ class Reconciler:
     ) -> str | None:
         """Carry out the plan, then its Events; a failed submission stops it and is returned."""
         namespace, name = job.metadata.namespace, job.metadata.name
-        dashboard = seen.cluster.dashboard if seen.cluster else None
+        url = seen.cluster.dashboard if seen.cluster else None
+        dashboard = self._dashboard(job, url) if url else None
         for action in plan.actions:
             match action:
                 case ApplyCluster():
-                    for manifest in builder.build_owned_objects(job):
+                    owned = builder.build_owned_objects(
+                        job, self.ray_auth.token(job), self.policy.operator_namespace
+                    )
+                    for manifest in owned:
                         await self.kube.apply(manifest)
                     await self.kube.create_if_missing(builder.build_heartbeat_lease(job))
                 case DeleteCluster(reason=reason):
@@ -183,7 +199,10 @@ class Reconciler:
             self.emit(body, event)
         return None
 
-    async def _submit(self, job: RLHFJob, dashboard: str, action: SubmitRayJob) -> str | None:
+    def _dashboard(self, job: RLHFJob, url: str) -> Dashboard:
+        return Dashboard(url, self.ray_auth.token(job))
+
+    async def _submit(self, job: RLHFJob, dashboard: Dashboard, action: SubmitRayJob) -> str | None:
         """Submit the Ray job; the error when Ray did not take it."""
         attempt = str(job.status.restart_count if job.status else 0)
         env = PodEnv(

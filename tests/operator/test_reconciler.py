@@ -8,6 +8,7 @@ KubeRay or Ray would, and reconciles again. Each port can be made to fail.
 from __future__ import annotations
 
 import asyncio
+import base64
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +26,9 @@ from kubernetes.client.exceptions import ApiException
 from rlhf_operator import names
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
-from rlhf_operator.ports import DashboardUnavailableError
+from rlhf_operator.policy import JobPolicy
+from rlhf_operator.ports import Dashboard, DashboardUnavailableError
+from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.reconciler import Reconciler
 from rlhf_operator.views import RayJobView
 from rlhfjob import contract
@@ -39,6 +42,7 @@ NAMESPACE, NAME = "ns", "job"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 DASHBOARD = "http://127.0.0.1:8265"
 FIRST_ATTEMPT = f"{NAME}-12345678-0"
+RAY_AUTH = RayAuth(b"k" * 32)
 
 
 class FakeKube:
@@ -147,39 +151,42 @@ class FakeRayJobs:
         self.submitted: list[dict[str, Any]] = []
         self.stopped: list[str] = []
         self.failing: dict[str, Exception] = {}
+        self.tokens: set[str | None] = set()
+        """The Ray tokens the calls carried."""
 
-    def _call(self, method: str) -> None:
+    def _call(self, method: str, dashboard: Dashboard) -> None:
+        self.tokens.add(dashboard.token)
         if method in self.failing:
             raise self.failing[method]
 
-    async def status(self, dashboard: str, submission_id: str) -> RayJobView | None:
-        self._call("status")
+    async def status(self, dashboard: Dashboard, submission_id: str) -> RayJobView | None:
+        self._call("status", dashboard)
         return self.jobs.get(submission_id)
 
     async def submit(
         self,
-        dashboard: str,
+        dashboard: Dashboard,
         submission_id: str,
         entrypoint: str,
         *,
         env: dict[str, str],
         metadata: dict[str, str],
     ) -> None:
-        self._call("submit")
+        self._call("submit", dashboard)
         self.submitted.append(
             {"id": submission_id, "entrypoint": entrypoint, "env": env, "metadata": metadata}
         )
         self.jobs.setdefault(submission_id, RayJobView(submission_id, "PENDING"))
 
-    async def stop(self, dashboard: str, submission_id: str) -> None:
-        self._call("stop")
+    async def stop(self, dashboard: Dashboard, submission_id: str) -> None:
+        self._call("stop", dashboard)
         self.stopped.append(submission_id)
 
 
 class World:
     """The reconciler wired to the fakes, with a clock the test moves."""
 
-    def __init__(self, **spec: Any) -> None:
+    def __init__(self, policy: JobPolicy | None = None, **spec: Any) -> None:
         self.kube = FakeKube()
         self.ray = FakeRayJobs()
         self.metrics = OperatorMetrics()
@@ -190,6 +197,8 @@ class World:
             self.ray,
             self.metrics,
             emit=lambda body, event: self.events.append(event),
+            ray_auth=RAY_AUTH,
+            policy=policy,
             clock=lambda: self.now,
         )
         document = merge_patch(valid_job(NAME), {"spec": spec})
@@ -230,11 +239,74 @@ class World:
 # -- the happy path ---------------------------------------------------------------------------
 
 
+def test_every_dashboard_call_carries_the_token_of_the_jobs_secret() -> None:
+    world = World()
+    world.running()
+    job = parse_job(world.kube.jobs[NAME])
+    secret = next(m for m in world.kube.applied if m["kind"] == "Secret")
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    assert token == RAY_AUTH.token(job) and len(token) == 64
+    assert world.ray.tokens == {token}
+    cluster = next(m for m in world.kube.applied if m["kind"] == "RayCluster")
+    secret_name = secret["metadata"]["name"]
+    assert cluster["spec"]["authOptions"] == {"mode": "token", "secretName": secret_name}
+    assert token not in str(world.status) and all(token not in e.message for e in world.events)
+
+
+def test_tokens_differ_by_job_and_by_key() -> None:
+    job = parse_job(World().kube.jobs[NAME])
+    other = job.model_copy(update={"metadata": job.metadata.model_copy(update={"uid": "other"})})
+    assert RAY_AUTH.token(job) != RAY_AUTH.token(other)
+    assert RAY_AUTH.token(job) != RayAuth(b"j" * 32).token(job)
+    assert "k" * 32 not in repr(RAY_AUTH) + repr(Dashboard("http://head", RAY_AUTH.token(job)))
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"checkpoint": {"volume": {"hostPath": {"path": "/"}}}}, "spec.checkpoint.volume"),
+        ({"serviceAccountName": "someone-elses"}, "spec.serviceAccountName"),
+    ],
+)
+def test_a_job_that_borrows_power_fails_before_any_cluster_exists(
+    spec: dict[str, Any], field: str
+) -> None:
+    world = World(**spec)
+    world.reconcile()
+    assert world.kube.applied == [] and world.ray.submitted == []
+    assert world.status["phase"] == "Failed"
+    assert field in world.status["message"]
+    assert world.reasons() == ["InvalidSpec"]
+    world.reconcile(5)  # and it stays that way, without a second Event
+    assert world.reasons() == ["InvalidSpec"] and world.kube.applied == []
+
+
+def test_the_policy_admits_what_it_lists() -> None:
+    policy = JobPolicy(
+        allowed_volume_types=("hostPath",), allowed_service_accounts=("trainer-with-s3",)
+    )
+    world = World(
+        policy=policy,
+        serviceAccountName="trainer-with-s3",
+        checkpoint={"volume": {"hostPath": {"path": "/data"}}},
+    )
+    world.reconcile()
+    assert world.status["phase"] == "Provisioning"
+
+
 def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:
     world = World()
     world.reconcile()
     kinds = [m["kind"] for m in world.kube.applied]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "RayCluster"]
+    assert kinds == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "NetworkPolicy",
+        "ConfigMap",
+        "RayCluster",
+    ]
     assert names.heartbeat_lease_name(parse_job(world.kube.jobs[NAME])) in world.kube.leases
     assert world.status["phase"] == "Provisioning"
     assert world.reasons() == ["Provisioning"]

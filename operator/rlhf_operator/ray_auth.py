@@ -1,0 +1,55 @@
+"""Ray token auth: one operator key, one token per job, and no Secret the operator must read.
+
+Every RayCluster runs Ray with token auth (KubeRay's `authOptions.mode: token`), so nothing
+outside the job can submit code to its head, stop it or read its state. The token is an HMAC of
+the job's identity under the operator's key: the operator writes it into the job's Secret (which
+KubeRay puts in every Ray container's environment) and can compute it again after a restart,
+so its RBAC needs `create`/`patch` on Secrets and never `get` or `list`. Deleting and recreating
+a job gives a new uid, hence a new token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from pathlib import Path
+
+from rlhfjob.api import RLHFJob
+
+MIN_KEY_BYTES = 32
+
+
+class RayAuthKeyError(ValueError):
+    """The operator's key is missing or too short to derive tokens from."""
+
+
+class RayAuth:
+    """Derives each job's Ray token from the operator's secret key."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < MIN_KEY_BYTES:
+            raise RayAuthKeyError(
+                f"the Ray auth key has {len(key)} bytes; it needs {MIN_KEY_BYTES}"
+            )
+        self._key = key
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RayAuth:
+        try:
+            key = Path(path).read_bytes().strip()
+        except OSError as error:
+            raise RayAuthKeyError(f"cannot read the Ray auth key {path}: {error}") from None
+        return cls(key)
+
+    @staticmethod
+    def new_key() -> bytes:
+        """A fresh key (for development clusters; the Helm chart makes and keeps its own)."""
+        return secrets.token_hex(MIN_KEY_BYTES).encode()
+
+    def token(self, job: RLHFJob) -> str:
+        identity = f"{job.metadata.namespace}/{job.metadata.name}/{job.metadata.uid or ''}"
+        return hmac.new(self._key, identity.encode(), hashlib.sha256).hexdigest()
+
+    def __repr__(self) -> str:  # never the key, in a log or a traceback
+        return "RayAuth(<key>)"
