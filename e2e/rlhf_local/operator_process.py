@@ -1,15 +1,21 @@
 """Run `rlhfjob operator` against the local cluster the way the Helm chart runs it.
 
 The operator gets the chart's ServiceAccount and role and nothing more: `operator_kubeconfig`
-renders the chart with helm, applies its RBAC, mints a token for that ServiceAccount and writes a
-kubeconfig that carries only that token. A verb missing from the chart's role fails a test.
+renders the chart with helm, applies its RBAC (never its Secret or Deployment), mints a token for
+that ServiceAccount and writes a kubeconfig that carries only that token. A verb missing from the
+chart's role fails a test. `OperatorProcess` passes the flags the chart's Deployment passes: the
+operator's namespace and ServiceAccount (as named in the rendered chart), the job policy's
+`--allowed-*` flags, and a Ray auth key file (random, written next to the log, kept across
+restarts). `apply_admission_policy` installs the chart's ValidatingAdmissionPolicy and binding.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
+import string
 import subprocess
 import sys
 import urllib.request
@@ -24,8 +30,15 @@ from rlhf_local import cluster
 from rlhf_local.harness import LocalCluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts/rlhfjob"
+RELEASE = "rlhfjob"
 OPERATOR_NAMESPACE = "rlhfjob-system"
-SERVICE_ACCOUNT = "rlhfjob-operator"
+#: Kinds of the chart that `operator_kubeconfig` applies: its identity and RBAC, no Secret.
+RBAC_KINDS = frozenset(
+    {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+)
+#: Kinds of the chart that `apply_admission_policy` applies.
+ADMISSION_KINDS = frozenset({"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
 
 
 def _free_port() -> int:
@@ -34,32 +47,50 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def chart_manifests(*values: str) -> list[dict[str, Any]]:
-    """`helm template` of the chart, parsed."""
+def chart_manifests(
+    *values: str, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE
+) -> list[dict[str, Any]]:
+    """`helm template` of the chart (each of `values` is a `--set`), parsed."""
     helm = cluster.binaries().helm
-    args = [
-        str(helm),
-        "template",
-        "rlhfjob",
-        str(REPO / "charts/rlhfjob"),
-        "-n",
-        OPERATOR_NAMESPACE,
-    ]
+    args = [str(helm), "template", release, str(CHART), "-n", namespace]
     for value in values:
         args += ["--set", value]
     rendered = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
+def chart_deployment(manifests: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The operator's Deployment in the rendered chart."""
+    found = [m for m in manifests or chart_manifests() if m["kind"] == "Deployment"]
+    assert len(found) == 1, f"the chart renders {len(found)} Deployments"
+    return found[0]
+
+
+def chart_service_account(manifests: list[dict[str, Any]] | None = None) -> str:
+    """Name of the ServiceAccount the chart's Deployment runs the operator as."""
+    manifests = manifests or chart_manifests()
+    name = str(chart_deployment(manifests)["spec"]["template"]["spec"]["serviceAccountName"])
+    accounts = {m["metadata"]["name"] for m in manifests if m["kind"] == "ServiceAccount"}
+    assert name in accounts, f"the chart's Deployment runs as {name}, which it does not create"
+    return name
+
+
+def chart_policy_args(manifests: list[dict[str, Any]] | None = None) -> list[str]:
+    """The job policy flags (`--allowed-volume-type=...`, ...) of the chart's Deployment."""
+    container = chart_deployment(manifests)["spec"]["template"]["spec"]["containers"][0]
+    return [arg for arg in container["args"] if arg.startswith("--allowed-")]
+
+
 def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token)."""
-    rbac_kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
     lc.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    for manifest in chart_manifests():
-        if manifest["kind"] in rbac_kinds:
+    manifests = chart_manifests()
+    service_account = chart_service_account(manifests)
+    for manifest in manifests:
+        if manifest["kind"] in RBAC_KINDS:
             lc.apply(manifest)
     minted = lc.core.create_namespaced_service_account_token(
-        SERVICE_ACCOUNT,
+        service_account,
         OPERATOR_NAMESPACE,
         client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=24 * 3600)
@@ -75,11 +106,11 @@ def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [admin_cluster],
-                "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+                "users": [{"name": service_account, "user": {"token": token}}],
                 "contexts": [
                     {
                         "name": "operator",
-                        "context": {"cluster": admin_cluster["name"], "user": SERVICE_ACCOUNT},
+                        "context": {"cluster": admin_cluster["name"], "user": service_account},
                     }
                 ],
                 "current-context": "operator",
@@ -88,6 +119,32 @@ def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
     )
     path.chmod(0o600)
     return path
+
+
+def apply_admission_policy(lc: LocalCluster, *values: str) -> list[dict[str, Any]]:
+    """Apply the chart's ValidatingAdmissionPolicy and its binding (rendered with `values`).
+
+    Returns what it applied, for `remove_admission_policy`. The API server enforces a new
+    policy a moment later, not at once: poll for the first refusal.
+    """
+    manifests = [m for m in chart_manifests(*values) if m["kind"] in ADMISSION_KINDS]
+    assert {m["kind"] for m in manifests} == ADMISSION_KINDS, "admissionPolicy is disabled"
+    for manifest in manifests:
+        lc.apply(manifest)
+    return manifests
+
+
+def remove_admission_policy(lc: LocalCluster, manifests: list[dict[str, Any]]) -> None:
+    """Delete what `apply_admission_policy` applied."""
+    for manifest in reversed(manifests):
+        kind, name = manifest["kind"].lower(), manifest["metadata"]["name"]
+        lc.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
+
+
+def _random_key(length: int = 64) -> str:
+    """Like the chart's `randAlphaNum 64`."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(length))
 
 
 @dataclass
@@ -99,17 +156,46 @@ class OperatorProcess:
     metrics_port: int = field(default_factory=_free_port)
     health_port: int = field(default_factory=_free_port)
     process: subprocess.Popen[bytes] | None = None
+    #: The operator's identity, as the chart's Deployment passes it.
+    namespace: str = OPERATOR_NAMESPACE
+    service_account: str = field(default_factory=chart_service_account)
+    #: `--allowed-volume-type=...` and `--allowed-service-account=...` of the chart's Deployment.
+    policy_args: list[str] = field(default_factory=chart_policy_args)
+    #: The Ray auth key (`--ray-auth-key-file`): next to the log, written once, so a restarted
+    #: operator still holds the key of the Ray clusters it made.
+    ray_auth_key_file: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ray_auth_key_file = self.log_path.with_name(self.log_path.stem + ".ray-auth-key")
+
+    def _write_key(self) -> None:
+        """Write a random key unless one is there (0600, like a mounted Secret's)."""
+        if self.ray_auth_key_file.exists():
+            return
+        self.ray_auth_key_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.ray_auth_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as key:
+            key.write(_random_key())
+
+    def command(self) -> list[str]:
+        """`rlhfjob operator` with the flags the chart's Deployment passes (local ports)."""
+        return [
+            sys.executable, "-m", "rlhfjob_cli", "operator",
+            f"--metrics-port={self.metrics_port}",
+            f"--health-port={self.health_port}",
+            "--timer-interval=1",
+            f"--operator-namespace={self.namespace}",
+            f"--operator-service-account={self.service_account}",
+            f"--ray-auth-key-file={self.ray_auth_key_file}",
+            *self.policy_args,
+        ]  # fmt: skip
 
     def start(self) -> None:
+        self._write_key()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "rlhfjob_cli", "operator",
-                    f"--metrics-port={self.metrics_port}",
-                    f"--health-port={self.health_port}",
-                    "--timer-interval=1",
-                ],
+                self.command(),
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         wait_for(self.healthy, 60, "the operator's liveness endpoint", details=self.log_tail)
