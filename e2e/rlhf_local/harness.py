@@ -75,6 +75,10 @@ class LocalCluster:
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api)
 
+    @property
+    def networking(self) -> client.NetworkingV1Api:
+        return client.NetworkingV1Api(self.api)
+
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         return cluster.kubectl(*args, stdin=stdin, check=check)
 

@@ -7,10 +7,14 @@ with an injected failure, is what `rlhfjob demo` runs.
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from rlhf_local import pools
 from rlhf_local.jobs import FINISH_AT_ONCE, SLEEP_FOREVER, Jobs, job_manifest
@@ -82,6 +86,41 @@ def test_trainer_is_submitted_once_even_across_an_operator_restart(
     assert jobs.ray_cluster("restart")["metadata"]["uid"] == cluster_uid  # type: ignore[index]
     submissions = jobs.ray_submissions("restart")
     assert len(submissions) == 1, submissions
+    assert_locked_down(jobs, "restart")
+
+
+def assert_locked_down(jobs: Jobs, name: str) -> None:
+    """A running job's head refuses anyone without its token; its pods pass Pod Security
+    "restricted" (the test namespace enforces it) and only the head holds an API token."""
+    dashboard = jobs.dashboard(name)
+    submission = json.dumps({"entrypoint": "echo borrowed GPUs"}).encode()
+    for headers, refused in (({}, 401), ({"Authorization": "Bearer guessed"}, 403)):
+        request = urllib.request.Request(
+            f"{dashboard}/api/jobs/", data=submission, method="POST",
+            headers={"Content-Type": "application/json", **headers},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(request, timeout=10)
+        assert answer.value.code == refused
+    assert len(jobs.ray_submissions(name)) == 1, "nothing was submitted without the token"
+
+    namespace = jobs.lc.core.read_namespace(jobs.namespace)
+    assert namespace.metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged"},
+                  "spec": {"containers": [{"name": "c", "image": "busybox",
+                                           "securityContext": {"privileged": True}}]}}  # fmt: skip
+    with pytest.raises(ApiException) as refused_pod:
+        jobs.lc.core.create_namespaced_pod(jobs.namespace, privileged, dry_run="All")
+    assert refused_pod.value.status == 403, "Pod Security admission is enforced here"
+    for pod in jobs.lc.core.list_namespaced_pod(
+        jobs.namespace, label_selector=f"rlhf.dev/job={name}"
+    ).items:
+        head = pod.metadata.labels["rlhf.dev/role"] == "head"
+        assert pod.spec.automount_service_account_token is head, pod.metadata.name
+
+    policies = jobs.lc.networking.list_namespaced_network_policy(jobs.namespace).items
+    (policy,) = [p for p in policies if p.metadata.labels.get("rlhf.dev/job") == name]
+    assert policy.spec.pod_selector.match_labels == {"rlhf.dev/job": name}
 
 
 def test_suspend_releases_the_cluster_and_resume_starts_again(
