@@ -325,6 +325,13 @@ def test_local_operator_runs_with_the_charts_identity_and_flags(tmp_path: Path) 
     ]
 
 
+def test_values_schema_wants_at_least_one_volume_type() -> None:
+    """The operator falls back to its defaults when given no --allowed-volume-type."""
+    empty = ["--set-json", "jobPolicy.allowedVolumeTypes=[]"]
+    refused = _helm("template", "rlhfjob", str(CHART), *empty, check=False)
+    assert refused.returncode != 0 and "allowedVolumeTypes" in refused.stderr, refused.stderr
+
+
 # -- against the local cluster (the e2e tier) --------------------------------------------------
 
 
