@@ -169,7 +169,7 @@ class OperatorProcess:
         self.ray_auth_key_file = self.log_path.with_name(self.log_path.stem + ".ray-auth-key")
 
     def _write_key(self) -> None:
-        """Write a random key unless one is there (0600, like a mounted Secret's)."""
+        """Write a random key (mode 0600) unless one is there."""
         if self.ray_auth_key_file.exists():
             return
         self.ray_auth_key_file.parent.mkdir(parents=True, exist_ok=True)
