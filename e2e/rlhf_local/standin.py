@@ -16,8 +16,11 @@ RayClusters and their pods:
   down (and clears the annotations); a new head pod then gets a new Ray cluster.
 
 Each Ray node is one ``ray start --block`` process in its own session, so killing its process
-group takes the raylet and its workers with it. Every Ray path lives under ``--temp-root`` so
-`down` can sweep leftovers. Run as ``python -m rlhf_local.standin --kubeconfig ...``.
+group takes the raylet and its workers with it; processes that leave the group (Ray's job
+drivers) are found by a marker in their environment and killed too, as they would die with
+their pod. A lost head is killed at once and before its workers, as a lost node dies. Every Ray
+path lives under ``--temp-root`` so `down` can sweep leftovers. Run as
+``python -m rlhf_local.standin --kubeconfig ...``.
 """
 
 from __future__ import annotations
@@ -141,19 +144,44 @@ class RayNode:
         return stat[stat.rindex(")") + 2] not in "ZX"
 
     def kill(self, grace: float = 5.0) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        """SIGTERM, then SIGKILL after `grace` (0: at once, as a lost node dies); then every
+        process the node started that left its group, since in a pod they die with it."""
+        for sig in (signal.SIGTERM, signal.SIGKILL) if grace > 0 else (signal.SIGKILL,):
             try:
                 os.killpg(self.pid, sig)
             except ProcessLookupError:
-                return
+                break
             deadline = time.monotonic() + grace
             while self.alive() and time.monotonic() < deadline:
                 time.sleep(0.1)
             if not self.alive():
                 break
-        # Survivors that left the group (Ray workers are in it, but be thorough).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
+        # Ray's job manager starts each driver in a session of its own: find them by the
+        # marker every process of this node inherits.
+        for pid in _processes_with(POD_MARKER, self.pod_uid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+POD_MARKER = "RLHF_STANDIN_POD_UID"
+"""Set in every Ray node's environment (the pod's uid), so all its processes can be found."""
+
+
+def _processes_with(name: str, value: str) -> list[int]:
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
 
 
 @dataclass
@@ -282,6 +310,7 @@ class StandIn:
         log.info("starting Ray head for %s/%s: %s", meta["namespace"], meta["name"], argv)
         pod_dir = temp_dir / "pods" / head_pod.metadata.name  # removed with the cluster
         pod_env = pod_environment(self.core, head_pod, self.kubeconfig, pod_dir)
+        pod_env[POD_MARKER] = head_pod.metadata.uid
         pid, log_path, offset = self._spawn(label, argv, pod_env)
         head = RayNode(
             head_pod.metadata.name, head_pod.metadata.uid, "head", pid, params, log_path, offset
@@ -342,6 +371,7 @@ class StandIn:
         )
         pod_dir = local.temp_dir / "pods" / pod.metadata.name
         pod_env = pod_environment(self.core, pod, self.kubeconfig, pod_dir)
+        pod_env[POD_MARKER] = pod.metadata.uid
         pid, log_path, offset = self._spawn(
             f"{local.namespace}.{local.name}.{pod.metadata.name}", argv, pod_env
         )
@@ -372,9 +402,12 @@ class StandIn:
         if local is None:
             return
         log.info("tearing down Ray cluster of %s/%s: %s", local.namespace, local.name, reason)
+        # The head first, and at once, as when its pod is lost: its dashboard (the Job
+        # Submission API) and its drivers go with it, before the workers' actors die and a
+        # driver could report a failure of its own.
+        local.head.kill(grace=0)
         for node in local.workers.values():
             node.kill()
-        local.head.kill()
         shutil.rmtree(local.temp_dir, ignore_errors=True)
         try:
             self._annotate(local, publish=False)

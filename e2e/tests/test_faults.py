@@ -249,9 +249,8 @@ def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> No
     assert restart["reason"] == "HeadLost", restart
     wait_for(lambda: run.jobs.ray_cluster(run.name) and run.cluster_uid() != cluster, 240,
              "a new RayCluster", details=run.explain)  # fmt: skip
-    # The old driver can outlive its head for a moment (the stand-in's Ray starts drivers in a
-    # session of their own) and finish one more checkpoint: the new attempt must resume from
-    # the newest, which is at least the one there at the failure.
+    # The new attempt resumes from the newest checkpoint, at least the one there at the failure
+    # (the old driver may have finished one more as its head went).
     wait_for(lambda: 1 in run.record.steps_by_attempt(), JOB_TIMEOUT, "the resumed attempt",
              details=run.explain)  # fmt: skip
     resumed = run.record.steps_by_attempt()[1][0] - 1
