@@ -7,7 +7,6 @@ config format. Field docstrings become the CRD's descriptions (`kubectl explain 
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -35,32 +34,95 @@ KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 SINGULAR = "rlhfjob"
 SHORT_NAMES = ["rlhf"]
-MAX_NAME_LENGTH = 63
-"""A job's name labels its pods and names its Lease, so it must be a valid label value."""
+DERIVED_NAME_SUFFIXES = ("-config", "-trainer", "-heartbeat", "-ray-auth", "-ray-head", "-head-svc")
+"""What is appended to a job's name to name the objects made for it: its ConfigMap,
+ServiceAccount, heartbeat Role, Ray token Secret and NetworkPolicy (`rlhf_operator.names`), and
+the head Service KubeRay names after the RayCluster, which has the job's name."""
+MAX_NAME_LENGTH = 63 - max(len(suffix) for suffix in DERIVED_NAME_SUFFIXES)
+"""53, so every derived name is a DNS label of at most 63 characters, the job's name itself
+fits KubeRay's limit on a RayCluster's name (53) and is a valid label value."""
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A DNS-1035 label: KubeRay refuses a RayCluster whose name is not one (no dots, no leading
+digit), and the RayCluster has the job's name."""
 
-_QUANTITY = re.compile(cel.QUANTITY_PATTERN)
-_QUANTITY_RULE = CelRule(
-    "type(self) == int || isQuantity(self)",
-    "must be a Kubernetes quantity (for example 500m, 4, 16Gi)",
+# Kubernetes' name syntax. Only explicit ASCII classes: `\d`, `\w` and `\s` mean different
+# things in the API server's regular expressions (Go) and in pydantic's (Rust).
+_DNS_LABEL = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = f"{_DNS_LABEL}([.]{_DNS_LABEL})*"
+_LABEL_NAME = "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+QUALIFIED_NAME_PATTERN = f"^({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}$"
+"""A label key or taint key: an optional DNS-subdomain prefix and `/`, then 1-63 characters of
+`[A-Za-z0-9_.-]` that start and end alphanumeric."""
+MAX_QUALIFIED_NAME_LENGTH = 253 + 1 + 63
+LABEL_VALUE_PATTERN = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+"""A label value (at most 63 characters): empty, or `[A-Za-z0-9_.-]` starting and ending
+alphanumeric."""
+DNS_SUBDOMAIN_PATTERN = f"^{_DNS_SUBDOMAIN}$"
+
+
+def _image_pattern() -> str:
+    """The image reference grammar of the container runtimes (distribution's `reference`):
+    `[registry[:port]/]path[:tag][@digest]`, the path lowercase."""
+    component = "([a-zA-Z0-9]|[a-zA-Z0-9][-a-zA-Z0-9]*[a-zA-Z0-9])"
+    host = f"({component}([.]{component})*|\\[[a-fA-F0-9:]+\\])"
+    registry = f"{host}(:[0-9]+)?"
+    path_component = "[a-z0-9]+(([_.]|__|[-]+)[a-z0-9]+)*"
+    path = f"{path_component}(/{path_component})*"
+    tag = "[A-Za-z0-9_][-A-Za-z0-9_.]{0,127}"
+    digest = "[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+    return f"^({registry}/)?{path}(:{tag})?(@{digest})?$"
+
+
+IMAGE_PATTERN = _image_pattern()
+REWARD_FUNCTION_PATTERN = "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+"""`module:function`, as a Python import path (ASCII)."""
+RESERVED_MOUNT_PATHS = ("/dev/shm", "/etc/rlhfjob", "/tmp", "/home/ray/.cache", "/home/ray/.triton")
+"""Where the operator mounts volumes in the Ray pods (`rlhf_operator.builder`): shared memory,
+the job config and the writable scratch paths. A second mount at one of them is refused."""
+READ_ONLY_MOUNT_PATHS = ("/etc/rlhfjob",)
+"""Read-only mounts: nothing can be mounted inside them."""
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{value}'" for value in values) + "]"
+
+
+def _rule_error(rule: CelRule) -> PydanticCustomError:
+    """The error of a broken rule, blaming the field it names as the API server does."""
+    field = (rule.field_path or "").lstrip(".")
+    return PydanticCustomError("cel_rule", "{message}", {"message": rule.message, "field": field})
+
+
+def _checked(rules: tuple[CelRule, ...], schema: dict[str, Any] | None = None) -> AfterValidator:
+    """An after-validator that evaluates a field's own CEL `rules` (those of its schema)."""
+
+    def check(value: Any) -> Any:
+        for rule in rules:
+            if not cel.holds(rule, value, schema):
+                raise _rule_error(rule)
+        return value
+
+    return AfterValidator(check)
+
+
+QUANTITY_RULES = (
+    CelRule(
+        "type(self) == int || isQuantity(self)",
+        "must be a Kubernetes quantity (for example 500m, 4, 16Gi)",
+    ),
+    CelRule("type(self) == int ? self >= 0 : !self.startsWith('-')", "must not be negative"),
 )
-
-
-def _check_quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and not _QUANTITY.match(value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (for example 500m, 4, 16Gi)")
-    return value
-
 
 # A structural schema allows only this exact anyOf for int-or-string; the syntax check of the
 # string form therefore is a CEL rule (isQuantity) rather than a pattern.
 Quantity = Annotated[
     int | str,
-    AfterValidator(_check_quantity),
+    _checked(QUANTITY_RULES),
     WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
             "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "x-kubernetes-validations": [_QUANTITY_RULE.to_schema()],
+            "x-kubernetes-validations": [rule.to_schema() for rule in QUANTITY_RULES],
         }
     ),
 ]
@@ -68,6 +130,87 @@ FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
+
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+LABEL_KEYS_RULE = CelRule(
+    f"self.all(k, k.size() <= {MAX_QUALIFIED_NAME_LENGTH}"
+    f" && k.matches('{QUALIFIED_NAME_PATTERN}'))",
+    "every key must be a label key: [prefix/]name, the name 1-63 characters of [A-Za-z0-9_.-] "
+    "starting and ending alphanumeric, the prefix a DNS subdomain",
+)
+# Keys of a map have no schema of their own, so their syntax is a CEL rule on the map; the
+# bounds (entries, value length) keep the rule's cost estimate within the server's budget.
+NodeSelector = Annotated[
+    dict[str, LabelValue],
+    Field(
+        max_length=64, json_schema_extra={"x-kubernetes-validations": [LABEL_KEYS_RULE.to_schema()]}
+    ),
+    _checked((LABEL_KEYS_RULE,)),
+]
+
+
+def _open_object(
+    properties: dict[str, dict[str, Any]], rules: tuple[CelRule, ...]
+) -> dict[str, Any]:
+    """The schema of a free-form object whose few declared `properties` CEL rules may read
+    (the server hides undeclared fields from CEL)."""
+    return {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": properties,
+        "x-kubernetes-validations": [rule.to_schema() for rule in rules],
+    }
+
+
+_RANDOM_INIT_RULES = (
+    CelRule(
+        "has(self.model_type) && self.model_type.size() > 0",
+        "randomInit needs model_type (a Hugging Face model type, for example qwen2)",
+        ".model_type",
+    ),
+)
+_RANDOM_INIT_SCHEMA = _open_object(
+    {"model_type": {"type": "string", "description": "The Hugging Face model type (qwen2)."}},
+    _RANDOM_INIT_RULES,
+)
+RandomInitConfig = Annotated[
+    dict[str, Any],
+    _checked(_RANDOM_INIT_RULES, _RANDOM_INIT_SCHEMA),
+    WithJsonSchema(_RANDOM_INIT_SCHEMA),
+]
+
+_VOLUME_RULES = (
+    CelRule(
+        "!has(self.name)",
+        "leave out name: the operator names the checkpoint volume",
+        ".name",
+    ),
+)
+_VOLUME_SCHEMA = _open_object(
+    {"name": {"type": "string", "description": "Not allowed: the operator names the volume."}},
+    _VOLUME_RULES,
+)
+
+
+def _one_volume_source(value: dict[str, Any]) -> dict[str, Any]:
+    # Not expressible in CEL: the server shows a rule only the declared properties.
+    if len(value) > 1:
+        raise ValueError(
+            f"a volume has one source (for example persistentVolumeClaim), not {len(value)}: "
+            + ", ".join(sorted(value))
+        )
+    return value
+
+
+VolumeSource = Annotated[
+    dict[str, Any],
+    _checked(_VOLUME_RULES, _VOLUME_SCHEMA),
+    AfterValidator(_one_volume_source),
+    WithJsonSchema(_VOLUME_SCHEMA),
+]
+
+
+_CEL_SCHEMAS: dict[type, tuple[dict[str, Any], dict[str, Any]]] = {}
 
 
 class ApiModel(BaseModel):
@@ -79,10 +222,22 @@ class ApiModel(BaseModel):
         extra="forbid",
         use_attribute_docstrings=True,
         validate_default=True,
+        # As the API server types a job: "4" is no integer, 2.0 none either, and a file's .inf
+        # or .nan (which JSON cannot carry) is no number.
+        strict=True,
+        allow_inf_nan=False,
     )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()
     """Cross-field rules of this object; evaluated here and copied into the CRD."""
+
+    @classmethod
+    def cel_schema(cls) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This object's JSON schema and its `$defs`: how a rule sees it (`cel.cel_view`)."""
+        if cls not in _CEL_SCHEMAS:
+            schema = cls.model_json_schema(by_alias=True, mode="validation")
+            _CEL_SCHEMAS[cls] = (schema, schema.get("$defs", {}))
+        return _CEL_SCHEMAS[cls]
 
     @model_validator(mode="after")
     def _check_cel_rules(self) -> ApiModel:
@@ -90,12 +245,10 @@ class ApiModel(BaseModel):
         if not rules:
             return self
         wire = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        schema, defs = self.cel_schema()
         for rule in rules:
-            if not cel.holds(rule, wire):
-                field = (rule.field_path or "").lstrip(".")
-                raise PydanticCustomError(
-                    "cel_rule", "{message}", {"message": rule.message, "field": field}
-                )
+            if not cel.holds(rule, wire, schema, defs):
+                raise _rule_error(rule)
         return self
 
     @classmethod
@@ -120,12 +273,16 @@ class ApiModel(BaseModel):
 class Toleration(ApiModel):
     """A Kubernetes toleration, so a role's pods may land on tainted GPU nodes."""
 
-    key: str | None = None
-    """The taint key it tolerates (empty with Exists: every taint)."""
+    key: str | None = Field(
+        default=None,
+        max_length=MAX_QUALIFIED_NAME_LENGTH,
+        pattern=f"^(({_DNS_SUBDOMAIN}/)?{_LABEL_NAME})?$",
+    )
+    """The taint key it tolerates, a label key (empty with Exists: every taint)."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """Equal matches the taint's value; Exists any value."""
-    value: str | None = None
-    """The taint value for operator Equal."""
+    value: LabelValue | None = None
+    """The taint value for operator Equal (a label value)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """The taint effect it tolerates (empty: every effect)."""
     toleration_seconds: int | None = None
@@ -136,6 +293,16 @@ class Toleration(ApiModel):
             "self.operator != 'Exists' || !has(self.value)",
             "value must be empty when operator is Exists",
             ".value",
+        ),
+        CelRule(
+            "self.operator == 'Exists' || (has(self.key) && self.key.size() > 0)",
+            "operator must be Exists when key is empty (that tolerates every taint)",
+            ".operator",
+        ),
+        CelRule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds needs effect NoExecute",
+            ".tolerationSeconds",
         ),
     )
 
@@ -151,7 +318,7 @@ class RoleSpec(ApiModel):
     """CPU request and limit per replica."""
     memory: Quantity = "16Gi"
     """Memory request and limit per replica."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: NodeSelector = Field(default_factory=dict)
     """Labels of the node pool this role runs on."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Tolerations for the pool's taints (GPU pools are usually tainted)."""
@@ -343,7 +510,7 @@ class HeadSpec(ApiModel):
     """CPU of the head pod."""
     memory: Quantity = "8Gi"
     """Memory of the head pod."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: NodeSelector = Field(default_factory=dict)
     """Node labels the head pod must land on."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Taints the head pod tolerates."""
@@ -358,7 +525,7 @@ class ModelSpec(ApiModel):
 
     policy: str | None = Field(default=None, min_length=1)
     """Policy weights: a path in the image or on the checkpoint volume, or a model URI."""
-    random_init: FreeForm | None = None
+    random_init: RandomInitConfig | None = None
     """A Hugging Face model config; the policy starts from random weights (smoke tests)."""
     reference: str | None = Field(default=None, min_length=1)
     """Reference weights; defaults to the policy's initial weights."""
@@ -395,9 +562,9 @@ class AlgorithmSpec(ApiModel):
     """Sequences per forward/backward per trainer rank (gradient accumulation covers the rest)."""
     update_epochs: int = Field(default=1, ge=1, le=64)
     """Passes over each rollout batch."""
-    total_steps: int | None = Field(default=None, ge=1)
+    total_steps: int | None = Field(default=None, ge=1, le=1_000_000_000)
     """Training steps; set this or epochs."""
-    epochs: int | None = Field(default=None, ge=1)
+    epochs: int | None = Field(default=None, ge=1, le=1_000_000)
     """Passes over the prompt dataset; set this or totalSteps."""
     max_prompt_length: int = Field(default=512, ge=1, le=1048576)
     """Prompt tokens at most (after the chat template); see dataset.overlongPrompts."""
@@ -442,7 +609,7 @@ class AlgorithmSpec(ApiModel):
     """Peak learning rate of the critic's optimizer (PPO)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate decay after the warm-up, over the run's optimizer steps."""
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=1_000_000_000)
     """Optimizer steps of linear warm-up from 0 to the peak learning rate."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Gradients are clipped to this global norm."""
@@ -462,9 +629,16 @@ class AlgorithmSpec(ApiModel):
             ".groupSize",
         ),
         CelRule(
-            "self.microBatchSize <= self.promptsPerStep * self.groupSize",
-            "microBatchSize must not exceed promptsPerStep x groupSize",
+            "self.microBatchSize"
+            " <= self.promptsPerStep * (self.name == 'grpo' ? self.groupSize : 1)",
+            "microBatchSize must not exceed the sequences of a step (grpo: promptsPerStep x "
+            "groupSize, ppo: promptsPerStep)",
             ".microBatchSize",
+        ),
+        CelRule(
+            "!has(self.totalSteps) || self.warmupSteps < self.totalSteps * self.updateEpochs",
+            "warmupSteps must be fewer than the run's optimizer steps (totalSteps x updateEpochs)",
+            ".warmupSteps",
         ),
     )
 
@@ -472,7 +646,7 @@ class AlgorithmSpec(ApiModel):
 class DatasetSpec(ApiModel):
     """Where prompts come from."""
 
-    source: str = Field(min_length=1)
+    source: str = Field(min_length=1, max_length=4096)
     """A JSON-lines file, a Parquet file (`.parquet`) — a path in the image or on a volume —
     or `synthetic:<task>`."""
     prompt_field: str = Field(default="prompt", min_length=1)
@@ -487,11 +661,20 @@ class DatasetSpec(ApiModel):
     """A prompt longer than algorithm.maxPromptLength keeps its last maxPromptLength tokens
     (truncate) or is left out of the dataset (skip); both are counted at start."""
 
+    cel_rules = (
+        CelRule(
+            "!self.source.startsWith('synthetic:')"
+            " || self.source.matches('^synthetic:[A-Za-z0-9_-]+$')",
+            "a synthetic source is synthetic:<task>, the task's name of [A-Za-z0-9_-]",
+            ".source",
+        ),
+    )
+
 
 class RemoteRewardSpec(ApiModel):
     """An HTTP reward server the trainer calls, batched, with timeouts and retries."""
 
-    url: str = Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048)
+    url: str = Field(pattern=r"^https?://[^ \t\n\v\f\r/]+(/[^ \t\n\v\f\r]*)?$", max_length=2048)
     """The endpoint; requests are POSTed to this URL as is (for example
     `http://rm.team.svc:8000/classify`)."""
     protocol: Literal["rlhfjob", "classify"] = "rlhfjob"
@@ -520,19 +703,19 @@ class RewardSourceSpec(ApiModel):
     type: Literal["function", "model", "remote"] = "function"
     """`function`: a rule function; `model`: the reward-model role (roles.reward serving
     model.reward); `remote`: an HTTP reward server."""
-    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    function: str | None = Field(default=None, pattern=REWARD_FUNCTION_PATTERN)
     """A rule reward as `module:function` importable in the trainer image."""
     remote: RemoteRewardSpec | None = None
     """The HTTP reward server, for `type: remote`."""
 
     cel_rules = (
         CelRule(
-            "self.type != 'function' || has(self.function)",
+            "self.type != 'function' || has(self.__function__)",
             "type function needs function (module:function)",
             ".function",
         ),
         CelRule(
-            "self.type != 'model' || !has(self.function)",
+            "self.type != 'model' || !has(self.__function__)",
             "function must be empty when type is model",
             ".function",
         ),
@@ -568,7 +751,7 @@ class RewardSpec(ApiModel):
     """`function`: a rule function; `model`: the reward-model role (roles.reward serving
     model.reward); `remote`: an HTTP reward server; `combined`: the weighted sum of
     `components`."""
-    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    function: str | None = Field(default=None, pattern=REWARD_FUNCTION_PATTERN)
     """A rule reward as `module:function` importable in the trainer image."""
     remote: RemoteRewardSpec | None = None
     """The HTTP reward server, for `type: remote`."""
@@ -598,7 +781,7 @@ class RewardSpec(ApiModel):
             ".components",
         ),
         CelRule(
-            "self.type != 'combined' || !has(self.function)",
+            "self.type != 'combined' || !has(self.__function__)",
             "function must be empty when type is combined (name it in a component)",
             ".function",
         ),
@@ -626,14 +809,26 @@ class RewardSpec(ApiModel):
 class CheckpointSpec(ApiModel):
     """Where and how often the trainer checkpoints; the operator never deletes checkpoints."""
 
-    path: str = Field(default="/mnt/checkpoints", pattern=r"^/")
+    path: str = Field(default="/mnt/checkpoints", pattern=r"^/", max_length=4096)
     """Directory checkpoints are written under, mounted in every pod."""
-    volume: FreeForm | None = None
+    volume: VolumeSource | None = None
     """A Kubernetes volume source (for example a persistentVolumeClaim) mounted at path."""
     interval_steps: int = Field(default=50, ge=1)
     """Checkpoint every this many steps (and at the last step and on SIGTERM)."""
     keep_last: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints the trainer keeps; older ones it removes (the operator never does)."""
+
+    cel_rules = (
+        CelRule(
+            f"self.path != '/' && !{_cel_list(RESERVED_MOUNT_PATHS)}"
+            ".exists(p, self.path == p || self.path == p + '/')"
+            f" && !{_cel_list(READ_ONLY_MOUNT_PATHS)}.exists(p, self.path.startsWith(p + '/'))",
+            "path must not be /, where the operator mounts a volume"
+            f" ({', '.join(RESERVED_MOUNT_PATHS)}) nor inside the read-only"
+            f" {', '.join(READ_ONLY_MOUNT_PATHS)}",
+            ".path",
+        ),
+    )
 
 
 class RecoverySpec(ApiModel):
@@ -683,17 +878,29 @@ class LivenessSpec(ApiModel):
     )
 
 
+_USES_REWARD_MODEL = (
+    "(self.reward.type == 'model' || (has(self.reward.components)"
+    " && self.reward.components.exists(c, c.type == 'model')))"
+)
+_HAS_TOKENIZER = "(!has(self.model.randomInit) || has(self.model.tokenizer))"
+"""Whether the job may have a tokenizer: a randomInit policy has one only when it is named (a
+policy directory may hold one; only the trainer can look)."""
+
+
 class RLHFJobSpec(ApiModel):
     """What to train, where, and how to keep it alive."""
 
-    image: str = Field(min_length=1)
-    """Container image with the trainer (Ray, DeepSpeed, vLLM)."""
+    image: str = Field(min_length=1, max_length=4096, pattern=IMAGE_PATTERN)
+    """Container image with the trainer (Ray, DeepSpeed, vLLM):
+    `[registry[:port]/]path[:tag][@digest]`, the path lowercase."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Pull policy of the Ray pods' image."""
     entrypoint: str | None = Field(default=None, min_length=1, max_length=4096)
     """Ray job entrypoint instead of `rlhfjob train` (custom drivers, smoke tests). The operator
     appends `--resume-from latest` when it resumes."""
-    service_account_name: str | None = None
+    service_account_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN
+    )
     """ServiceAccount of the Ray pods; it may renew this job's heartbeat Lease."""
     model: ModelSpec
     algorithm: AlgorithmSpec
@@ -704,7 +911,7 @@ class RLHFJobSpec(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     liveness: LivenessSpec = Field(default_factory=LivenessSpec)
-    ray_version: str = Field(default="2.60.0", pattern=r"^\d+\.\d+\.\d+$")
+    ray_version: str = Field(default="2.60.0", pattern=r"^[0-9]+[.][0-9]+[.][0-9]+$")
     """The Ray version of the image (KubeRay's rayVersion)."""
     suspend: bool = False
     """Stop training and release the cluster; checkpoints stay. Unset to resume."""
@@ -722,11 +929,22 @@ class RLHFJobSpec(ApiModel):
             ".roles",
         ),
         CelRule(
-            "!(self.reward.type == 'model' || (has(self.reward.components)"
-            " && self.reward.components.exists(c, c.type == 'model')))"
-            " || (has(self.roles.reward) && has(self.model.reward))",
+            f"!{_USES_REWARD_MODEL} || (has(self.roles.reward) && has(self.model.reward))",
             "reward.type model needs roles.reward and model.reward",
             ".reward",
+        ),
+        CelRule(
+            f"!{_USES_REWARD_MODEL} || {_HAS_TOKENIZER}",
+            "a reward model scores text, which needs a tokenizer: a randomInit policy has none, "
+            "set model.tokenizer",
+            ".model.tokenizer",
+        ),
+        CelRule(
+            "!has(self.algorithm.stopStrings) || size(self.algorithm.stopStrings) == 0"
+            f" || {_HAS_TOKENIZER}",
+            "algorithm.stopStrings needs a tokenizer: a randomInit policy has none, "
+            "set model.tokenizer",
+            ".algorithm.stopStrings",
         ),
         *(
             immutable(field)
@@ -756,6 +974,8 @@ class Phase(StrEnum):
 class Condition(ApiModel):
     """A Kubernetes-style condition."""
 
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
+
     type: str = Field(max_length=316)
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(default="", max_length=1024)
@@ -765,6 +985,7 @@ class Condition(ApiModel):
 
 
 class CheckpointRef(ApiModel):
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
     step: int
     path: str
     time: datetime | None = None
@@ -772,6 +993,8 @@ class CheckpointRef(ApiModel):
 
 class RestartRecord(ApiModel):
     """One climb of the recovery ladder: why, from which checkpoint, and how fast."""
+
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
 
     time: datetime
     reason: str
@@ -793,6 +1016,8 @@ MAX_RESTART_HISTORY = 20
 
 class RLHFJobStatus(ApiModel):
     """What the operator last observed. Written only by the operator."""
+
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
 
     phase: Phase = Phase.PENDING
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
@@ -821,7 +1046,7 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
 
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
     namespace: str = "default"
     uid: str | None = None
     generation: int | None = None

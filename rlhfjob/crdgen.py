@@ -131,10 +131,17 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            # The only metadata a CRD may constrain; the name becomes a label value.
+            # The only metadata a CRD may constrain. The name becomes a label value, the
+            # RayCluster's name and the stem of every derived name (api.MAX_NAME_LENGTH).
             "metadata": {
                 "type": "object",
-                "properties": {"name": {"type": "string", "maxLength": api.MAX_NAME_LENGTH}},
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "maxLength": api.MAX_NAME_LENGTH,
+                        "pattern": api.NAME_PATTERN,
+                    }
+                },
             },
             "spec": properties["spec"],
             "status": {k: v for k, v in properties["status"].items() if k != "nullable"},

@@ -3,6 +3,9 @@
 One table, run at every layer that sees a job: the pydantic models (`tests/test_api.py`), the
 generated CRD's schema and CEL rules (`tests/test_crd.py`) and the real API server (`e2e/`).
 Each case is a patch on a small valid job; `None` in a patch deletes that key.
+
+`MODEL_ONLY_CASES` are what only the models (and so `rlhfjob validate` and the operator) can
+refuse: the API server cannot see the part of the object they are about.
 """
 
 from __future__ import annotations
@@ -51,6 +54,14 @@ def _role(role: str, **patch: Any) -> dict[str, Any]:
     return _spec(roles={role: patch})
 
 
+def _toleration(role: str, **toleration: Any) -> dict[str, Any]:
+    return _role(role, tolerations=[toleration])
+
+
+RANDOM_INIT = {"policy": None, "randomInit": {"model_type": "llama", "vocab_size": 16}}
+"""A `model` patch: a random-initialised policy, which has no tokenizer unless one is named."""
+
+
 INVALID_CASES: list[InvalidCase] = [
     InvalidCase("image-missing", _spec(image=None), "spec.image"),
     InvalidCase("image-empty", _spec(image=""), "spec.image"),
@@ -90,7 +101,7 @@ INVALID_CASES: list[InvalidCase] = [
         "micro-batch-too-large",
         _spec(algorithm={"promptsPerStep": 2, "groupSize": 2, "microBatchSize": 5}),
         "spec.algorithm.microBatchSize",
-        "microBatchSize must not exceed promptsPerStep x groupSize",
+        "microBatchSize must not exceed the sequences of a step",
     ),
     InvalidCase("clip-range-zero", _spec(algorithm={"clipRange": 0}), "spec.algorithm.clipRange"),
     InvalidCase("kl-negative", _spec(algorithm={"klCoef": -0.1}), "spec.algorithm.klCoef"),
@@ -317,4 +328,211 @@ INVALID_CASES: list[InvalidCase] = [
         "active-deadline-zero", _spec(activeDeadlineSeconds=0), "spec.activeDeadlineSeconds"
     ),
     InvalidCase("pull-policy-unknown", _spec(imagePullPolicy="Sometimes"), "spec.imagePullPolicy"),
+    # --- Names: the job's name is the RayCluster's (a DNS-1035 label of at most 53 characters,
+    # KubeRay's limit) and the stem of the ConfigMap's, ServiceAccount's and Role's names.
+    InvalidCase(
+        "name-too-long-for-derived-names", {"metadata": {"name": "a" * 54}}, "metadata.name"
+    ),
+    InvalidCase("name-with-a-dot", {"metadata": {"name": "my.job"}}, "metadata.name"),
+    InvalidCase("name-starting-with-a-digit", {"metadata": {"name": "1-job"}}, "metadata.name"),
+    InvalidCase(
+        "service-account-not-a-name",
+        _spec(serviceAccountName="Trainer_SA"),
+        "spec.serviceAccountName",
+    ),
+    # --- Image references the container runtime would refuse (InvalidImageName).
+    InvalidCase("image-uppercase-path", _spec(image="example.com/Trainer:1"), "spec.image"),
+    InvalidCase("image-with-a-space", _spec(image="example.com/trainer :1"), "spec.image"),
+    InvalidCase("image-empty-tag", _spec(image="example.com/trainer:"), "spec.image"),
+    InvalidCase("image-short-digest", _spec(image="trainer@sha256:abc123"), "spec.image"),
+    # --- Resource quantities the kubelet would refuse.
+    InvalidCase(
+        "cpu-negative",
+        _role("trainer", cpu="-2"),
+        "spec.roles.trainer.cpu",
+        "must not be negative",
+    ),
+    InvalidCase(
+        "memory-negative-integer",
+        _role("rollout", memory=-1),
+        "spec.roles.rollout.memory",
+        "must not be negative",
+    ),
+    InvalidCase("cpu-two-decimal-points", _role("trainer", cpu="1.2.3"), "spec.roles.trainer.cpu"),
+    InvalidCase("head-memory-bad-suffix", _spec(head={"memory": "16Gii"}), "spec.head.memory"),
+    # --- Node selectors: label keys and values.
+    InvalidCase(
+        "node-selector-key-with-space",
+        _role("trainer", nodeSelector={"gpu pool": "a100"}),
+        "spec.roles.trainer.nodeSelector",
+        "every key must be a label key",
+    ),
+    InvalidCase(
+        "node-selector-key-uppercase-prefix",
+        _role("rollout", nodeSelector={"Example.COM/pool": "rollout"}),
+        "spec.roles.rollout.nodeSelector",
+        "every key must be a label key",
+    ),
+    InvalidCase(
+        "node-selector-key-name-too-long",
+        _spec(head={"nodeSelector": {"x" * 64: "cpu"}}),
+        "spec.head.nodeSelector",
+        "every key must be a label key",
+    ),
+    InvalidCase(
+        "node-selector-value-leading-dash",
+        _role("trainer", nodeSelector={"pool": "-gpu"}),
+        "spec.roles.trainer.nodeSelector.pool",
+    ),
+    InvalidCase(
+        "node-selector-value-too-long",
+        _spec(head={"nodeSelector": {"pool": "c" * 64}}),
+        "spec.head.nodeSelector.pool",
+    ),
+    InvalidCase(
+        "node-selector-too-many-labels",
+        _role("trainer", nodeSelector={f"label-{i}": "x" for i in range(65)}),
+        "spec.roles.trainer.nodeSelector",
+    ),
+    # --- Tolerations the pod API would refuse.
+    InvalidCase(
+        "toleration-key-with-space",
+        _toleration("trainer", key="nvidia gpu", operator="Exists"),
+        "spec.roles.trainer.tolerations[0].key",
+    ),
+    InvalidCase(
+        "toleration-value-not-a-label-value",
+        _toleration("trainer", key="pool", value="a100 x8"),
+        "spec.roles.trainer.tolerations[0].value",
+    ),
+    InvalidCase(
+        "toleration-equal-without-key",
+        _toleration("trainer", operator="Equal", value="gpu"),
+        "spec.roles.trainer.tolerations[0].operator",
+        "operator must be Exists when key is empty",
+    ),
+    InvalidCase(
+        "toleration-seconds-without-no-execute",
+        _toleration("rollout", key="gpu", effect="NoSchedule", tolerationSeconds=30),
+        "spec.roles.rollout.tolerations[0].tolerationSeconds",
+        "tolerationSeconds needs effect NoExecute",
+    ),
+    InvalidCase(
+        "toleration-operator-unknown",
+        _toleration("trainer", key="gpu", operator="In"),
+        "spec.roles.trainer.tolerations[0].operator",
+    ),
+    InvalidCase(
+        "head-toleration-exists-with-value",
+        _spec(head={"tolerations": [{"key": "cpu", "operator": "Exists", "value": "x"}]}),
+        "spec.head.tolerations[0].value",
+        "value must be empty when operator is Exists",
+    ),
+    # --- What the trainer would refuse at start, decided by the spec alone.
+    InvalidCase(
+        "random-init-without-model-type",
+        _spec(model={"policy": None, "randomInit": {"hidden_size": 64}}),
+        "spec.model.randomInit.model_type",
+        "randomInit needs model_type",
+    ),
+    InvalidCase(
+        "stop-strings-without-tokenizer",
+        _spec(model=RANDOM_INIT, algorithm={"stopStrings": ["</answer>"]}),
+        "spec.algorithm.stopStrings",
+        "algorithm.stopStrings needs a tokenizer",
+    ),
+    InvalidCase(
+        "reward-model-without-tokenizer",
+        _spec(
+            model={**RANDOM_INIT, "reward": "/models/rm"},
+            reward={"type": "model", "function": None},
+            roles={"reward": {}},
+        ),
+        "spec.model.tokenizer",
+        "a reward model scores text, which needs a tokenizer",
+    ),
+    InvalidCase(
+        "dataset-synthetic-without-task",
+        _spec(dataset={"source": "synthetic:"}),
+        "spec.dataset.source",
+        "a synthetic source is synthetic:<task>",
+    ),
+    # --- Schedule consistency.
+    InvalidCase(
+        "ppo-micro-batch-above-prompts",
+        _spec(
+            algorithm={"name": "ppo", "promptsPerStep": 4, "microBatchSize": 8},
+            roles={"critic": {}},
+        ),
+        "spec.algorithm.microBatchSize",
+        "microBatchSize must not exceed the sequences of a step",
+    ),
+    InvalidCase(
+        "warmup-as-long-as-the-run",
+        _spec(algorithm={"warmupSteps": 10}),
+        "spec.algorithm.warmupSteps",
+        "warmupSteps must be fewer than the run's optimizer steps",
+    ),
+    InvalidCase(
+        "warmup-beyond-update-epochs",
+        _spec(algorithm={"updateEpochs": 2, "warmupSteps": 25}),
+        "spec.algorithm.warmupSteps",
+        "warmupSteps must be fewer than the run's optimizer steps",
+    ),
+    InvalidCase(
+        "total-steps-beyond-bound",
+        _spec(algorithm={"totalSteps": 10_000_000_000}),
+        "spec.algorithm.totalSteps",
+    ),
+    # --- Checkpoint volume and path: the pod API would refuse the mount.
+    InvalidCase(
+        "checkpoint-path-root",
+        _spec(checkpoint={"path": "/"}),
+        "spec.checkpoint.path",
+        "path must not be /, where the operator mounts a volume",
+    ),
+    InvalidCase(
+        "checkpoint-path-is-tmp",
+        _spec(checkpoint={"path": "/tmp/"}),
+        "spec.checkpoint.path",
+        "path must not be /, where the operator mounts a volume",
+    ),
+    InvalidCase(
+        "checkpoint-path-in-job-config",
+        _spec(checkpoint={"path": "/etc/rlhfjob/checkpoints"}),
+        "spec.checkpoint.path",
+        "nor inside the read-only /etc/rlhfjob",
+    ),
+    InvalidCase(
+        "checkpoint-volume-named",
+        _spec(checkpoint={"volume": {"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}}),
+        "spec.checkpoint.volume.name",
+        "leave out name",
+    ),
+    # --- Types as the API server reads them, and text only its regular expressions accept.
+    InvalidCase(
+        "group-size-as-text", _spec(algorithm={"groupSize": "8"}), "spec.algorithm.groupSize"
+    ),
+    InvalidCase("suspend-as-text", _spec(suspend="true"), "spec.suspend"),
+    InvalidCase(
+        "reward-function-non-ascii",
+        _spec(reward={"function": "tasks:scöre"}),
+        "spec.reward.function",
+    ),
+    InvalidCase(
+        "ray-version-non-ascii-digits",
+        _spec(rayVersion="\u0662.\u0666\u0660.\u0660"),
+        "spec.rayVersion",
+    ),
 ]
+
+MODEL_ONLY_CASES: list[InvalidCase] = [
+    InvalidCase(
+        "checkpoint-volume-two-sources",
+        _spec(checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "c"}, "emptyDir": {}}}),
+        "spec.checkpoint.volume",
+        "a volume has one source",
+    ),
+]
+"""Refused by the models only: a volume source is free-form to the CRD (one of some thirty
+kinds), and CEL sees only the properties a schema declares."""

@@ -1,15 +1,20 @@
 """Validate an object against a generated CRD schema the way the API server does, offline.
 
 Defaults first, then the structural schema (types, enums, bounds, patterns, unknown fields),
-then the CEL `x-kubernetes-validations` of every node. The point is to test *the generated
-CRD* (not the models) in the fast unit tier; the e2e tier runs the same cases on a real server.
+then the CEL `x-kubernetes-validations` of every node, each seeing its object as the server
+shows it to CEL (escaped property names). The point is to test *the generated CRD* (not the
+models) in the fast unit tier; the e2e tier runs the same cases on a real server.
+
+Patterns are matched with RE2, the API server's own regular-expression semantics (Python's `re`
+would let `$` match before a final newline).
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
+
+import re2
 
 from rlhfjob.cel import CelRule, holds
 
@@ -53,7 +58,7 @@ def _check_scalar(schema: dict[str, Any], value: Any, path: str) -> list[str]:
             errors.append(f"{path}: should be at least {schema['minLength']} chars long")
         if len(value) > schema.get("maxLength", len(value)):
             errors.append(f"{path}: Too long: may not be longer than {schema['maxLength']}")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not re2.search(schema["pattern"], value):
             errors.append(f"{path}: should match {schema['pattern']!r}")
     return errors
 
@@ -76,6 +81,8 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
         return [f"{path}: Invalid value: must be of type {expected}"]
     errors = _check_scalar(schema, value, path)
     if isinstance(value, dict):
+        if len(value) > schema.get("maxProperties", len(value)):
+            errors.append(f"{path}: Too many: must have at most {schema['maxProperties']} items")
         for name in schema.get("required", []):
             if name not in value:
                 errors.append(f"{path}.{name}: Required value".lstrip("."))
@@ -102,7 +109,7 @@ def _check_rules(schema: dict[str, Any], value: Any, path: str) -> list[str]:
     errors = []
     for entry in schema.get("x-kubernetes-validations", []):
         rule = CelRule(entry["rule"], entry["message"], entry.get("fieldPath"))
-        if not rule.is_transition and not holds(rule, value):
+        if not rule.is_transition and not holds(rule, value, schema):
             blamed = f"{path}{rule.field_path or ''}".lstrip(".")
             errors.append(f"{blamed}: Invalid value: {rule.message}")
     return errors

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from rlhf_operator import builder, names
+from rlhfjob import api
 from rlhfjob.api import Phase, RLHFJob, RLHFJobSpec
 from rlhfjob.config import InvalidJobError, load_job, parse_job
-from rlhfjob.invalid_cases import INVALID_CASES, valid_job
+from rlhfjob.invalid_cases import INVALID_CASES, MODEL_ONLY_CASES, valid_job
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 
 
 def test_there_are_at_least_25_invalid_cases() -> None:
     assert len(INVALID_CASES) >= 25
-    assert len({case.id for case in INVALID_CASES}) == len(INVALID_CASES)
+    cases = INVALID_CASES + MODEL_ONLY_CASES
+    assert len({case.id for case in cases}) == len(cases)
 
 
-@pytest.mark.parametrize("case", INVALID_CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", INVALID_CASES + MODEL_ONLY_CASES, ids=lambda case: case.id)
+def test_each_case_breaks_only_its_patch(case) -> None:
+    """The job a case patches is valid, its name too: what is refused is the patch."""
+    parse_job(valid_job(f"invalid-{case.id}"))
+
+
+@pytest.mark.parametrize("case", INVALID_CASES + MODEL_ONLY_CASES, ids=lambda case: case.id)
 def test_models_reject_invalid_job_naming_the_field(case) -> None:
     with pytest.raises(InvalidJobError) as raised:
         parse_job(case.job(), source=case.id)
@@ -95,3 +105,95 @@ def test_status_parses_what_the_operator_writes() -> None:
     assert job.status is not None
     assert job.status.phase is Phase.RUNNING
     assert job.status.restart_history[0].reason == "TrainerHung"
+
+
+def test_a_name_of_the_longest_allowed_length_derives_valid_names_unshortened() -> None:
+    name = "j" * api.MAX_NAME_LENGTH
+    job = parse_job(valid_job(name))
+    derived = {
+        names.ray_cluster_name(job): "",
+        names.config_map_name(job): "-config",
+        names.trainer_service_account(job): "-trainer",
+        names.heartbeat_role_name(job): "-heartbeat",
+        names.ray_auth_secret_name(job): "-ray-auth",
+        names.network_policy_name(job): "-ray-head",
+        names.dashboard_url(job).split("//")[1].split(".")[0]: "-head-svc",
+    }
+    dns_label = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+    for value, suffix in derived.items():
+        assert value == name + suffix, "a derived name was shortened"
+        assert dns_label.fullmatch(value), value
+        assert suffix == "" or suffix in api.DERIVED_NAME_SUFFIXES, suffix
+    assert api.MAX_NAME_LENGTH <= names.MAX_RAY_CLUSTER_NAME
+    assert names.job_labels(job)[names.LABEL_JOB] == name  # a label value: at most 63
+
+
+def test_reserved_mount_paths_are_the_operators_mounts() -> None:
+    job = parse_job(valid_job())
+    _, mounts = builder._volumes(job)
+    assert {mount["mountPath"] for mount in mounts} == set(api.RESERVED_MOUNT_PATHS)
+    read_only = {mount["mountPath"] for mount in mounts if mount.get("readOnly")}
+    assert read_only == set(api.READ_ONLY_MOUNT_PATHS)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("groupSize", "8"),  # text is no integer
+        ("groupSize", 8.0),  # nor is a float
+        ("klCoef", float("inf")),  # a file's .inf: JSON cannot carry it
+        ("klCoef", float("nan")),
+        ("scaleRewards", "yes"),
+    ],
+)
+def test_models_type_fields_as_the_api_server_does(field: str, value: object) -> None:
+    document = valid_job()
+    document["spec"]["algorithm"][field] = value
+    with pytest.raises(InvalidJobError, match=re.escape(f"spec.algorithm.{field}")):
+        parse_job(document)
+
+
+def test_quantities_follow_kubernetes_syntax() -> None:
+    good = ["4", "500m", "0.5", ".5", "16Gi", "1e3", "1E", "+2", "100Ki", 8]
+    bad = ["lots", "1.2.3", "16GB", "16Gii", "1e", "-1", -1, "4 ", " 4", "4\n", ""]
+    for value in good:
+        document = merge_role(cpu=value)
+        parse_job(document)
+    for value in bad:
+        with pytest.raises(InvalidJobError, match=re.escape("spec.roles.trainer.cpu")):
+            parse_job(merge_role(cpu=value))
+
+
+def merge_role(**fields: object) -> dict:
+    document = valid_job()
+    document["spec"]["roles"]["trainer"].update(fields)
+    return document
+
+
+def test_label_syntax_of_node_selectors() -> None:
+    good = {"pool": "a100", "nvidia.com/gpu.product": "H100-SXM", "k8s.io/x": "", "a_b.c": "Z9"}
+    parse_job(merge_role(nodeSelector=good))
+    for key in ["", "/pool", "Example.com/pool", "pool/", "-pool", "a/b/c", "x" * 64]:
+        with pytest.raises(InvalidJobError, match="every key must be a label key"):
+            parse_job(merge_role(nodeSelector={key: "v"}))
+    for value in ["-a", "a-", "a b", "x" * 64, "ä"]:
+        with pytest.raises(InvalidJobError, match=re.escape("spec.roles.trainer.nodeSelector")):
+            parse_job(merge_role(nodeSelector={"pool": value}))
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "trainer",
+        "trainer:1",
+        "ghcr.io/rlhfjob/trainer:0.1.0",
+        "localhost:5000/a/b_c/d-e:latest",
+        "[::1]:5000/trainer",
+        "registry.example.com/team/trainer@sha256:" + "a" * 64,
+        "example.com/trainer:1.0@sha256:" + "0" * 64,
+    ],
+)
+def test_image_references_the_runtime_accepts(image: str) -> None:
+    document = valid_job()
+    document["spec"]["image"] = image
+    parse_job(document)

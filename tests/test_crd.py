@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +10,8 @@ import pytest
 import yaml
 from crd_validator import validate_object
 
-from rlhfjob import crdgen
-from rlhfjob.invalid_cases import INVALID_CASES, valid_job
+from rlhfjob import cel, crdgen
+from rlhfjob.invalid_cases import INVALID_CASES, MODEL_ONLY_CASES, valid_job
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 
@@ -122,3 +123,94 @@ def test_crd_accepts_examples(crd: dict[str, Any], path: Path) -> None:
 
 def test_crd_accepts_the_base_valid_job(crd: dict[str, Any]) -> None:
     assert validate_object(crd, valid_job()) == []
+
+
+@pytest.mark.parametrize("case", MODEL_ONLY_CASES, ids=lambda case: case.id)
+def test_model_only_cases_pass_the_crd(crd: dict[str, Any], case) -> None:
+    """What the server cannot see: should the CRD learn to refuse it, move it to INVALID_CASES."""
+    assert validate_object(crd, case.job()) == []
+
+
+def _rules(crd: dict[str, Any]):
+    for path, node in _walk(_schema(crd)):
+        for entry in node.get("x-kubernetes-validations", []):
+            yield path, node, entry
+
+
+_STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_SELECTION = re.compile(r"\.\s*([A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()")
+
+
+def test_no_rule_selects_a_reserved_word_unescaped(crd: dict[str, Any]) -> None:
+    """`self.function` is refused by cel-go's parser (kubectl-validate, API servers before
+    1.32): a property named like a CEL reserved word is written `self.__function__`."""
+    offending = []
+    for path, _, entry in _rules(crd):
+        code = _STRING_LITERAL.sub("''", entry["rule"])
+        for name in _SELECTION.findall(code):
+            if name in cel.RESERVED_WORDS:
+                offending.append(f"{path}: {entry['rule']}")
+    assert not offending, offending
+    rules = " ".join(entry["rule"] for _, _, entry in _rules(crd))
+    assert "self.__function__" in rules  # the scan sees selections at all
+
+
+def test_escaping_follows_kubernetes() -> None:
+    assert cel.escape("function") == "__function__"
+    assert cel.escape("in") == "__in__"
+    assert cel.escape("model_type") == "model_type"
+    assert cel.escape("a.b-c/d") == "a__dot__b__dash__c__slash__d"
+    assert cel.escape("a__b") == "a__underscores__b"
+    assert cel.escape("1st") is None
+    assert cel.escape("a b") is None
+    schema = {
+        "type": "object",
+        "properties": {
+            "function": {"type": "string"},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    }
+    value = {"function": "m:f", "labels": {"function": "x", "a.b": "y"}, "free": {"k": 1}}
+    assert cel.cel_view(value, schema) == {
+        "__function__": "m:f",
+        "labels": {"function": "x", "a.b": "y"},  # map keys are data, never escaped
+        "free": {},  # undeclared fields are invisible to CEL
+    }
+
+
+def test_every_rule_on_an_object_names_a_declared_field(crd: dict[str, Any]) -> None:
+    """The server blames a rule's fieldPath; on an object it must name one of its fields."""
+    missing = []
+    for path, node, entry in _rules(crd):
+        if "properties" not in node or "oldSelf" in entry["rule"]:
+            continue  # a rule on a scalar or a map blames that field itself
+        target: dict[str, Any] | None = node
+        for part in entry.get("fieldPath", "").lstrip(".").split("."):
+            target = (target or {}).get("properties", {}).get(part) if part else None
+        if target is None:
+            missing.append(f"{path}: {entry['message']} ({entry.get('fieldPath')})")
+    assert not missing, missing
+
+
+_PERL_CLASSES = re.compile(r"\\[dDwWsSbB]")
+
+
+def test_regular_expressions_avoid_classes_whose_meaning_differs(crd: dict[str, Any]) -> None:
+    """`\\d`, `\\w`, `\\s` and `\\b` are ASCII for the API server (Go's RE2) and Unicode
+    for pydantic (Rust's regex): a pattern using them accepts different text in the two."""
+    found = []
+    for path, node in _walk(_schema(crd)):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and _PERL_CLASSES.search(pattern):
+            found.append(f"{path}: {pattern}")
+    for path, _, entry in _rules(crd):
+        if _PERL_CLASSES.search(entry["rule"]):
+            found.append(f"{path}: {entry['rule']}")
+    assert not found, found
+
+
+def test_metadata_name_fits_every_derived_name(crd: dict[str, Any]) -> None:
+    name = _schema(crd)["properties"]["metadata"]["properties"]["name"]
+    assert name["maxLength"] == 53
+    assert name["pattern"].startswith("^[a-z]")
