@@ -2,14 +2,19 @@
 
 Everything the reconciler touches in the API server goes through `Kube`, so the RBAC in the Helm
 chart can be read off this file: rlhfjobs (get, list, watch, patch status, delete), rayclusters
-(get, apply, delete), pods (list), configmaps / serviceaccounts / roles / rolebindings (apply),
-leases (get, create), events (create).
+(get, apply, delete), pods (list), configmaps / serviceaccounts / roles / rolebindings / secrets /
+networkpolicies (apply), leases (get, create), events (create, patch: the job's own Events; list:
+the Warnings KubeRay records on a RayCluster that is not ready).
+
+The API server's refusal of an object (HTTP 400, 403, 409, 422) is `ports.ApplyRefusedError`,
+quoting only the Status message; every other error stays the client's `ApiException`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from functools import partial
 from typing import Any, TypeVar
 
@@ -17,10 +22,22 @@ from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_operator.names import FIELD_MANAGER
+from rlhf_operator.ports import ApplyRefusedError
+from rlhf_operator.views import PERMANENT_REFUSALS, RETRIED_REFUSALS, api_status
 from rlhfjob import api
 from rlhfjob.contract import kuberay as ray
 
 T = TypeVar("T")
+log = logging.getLogger("rlhf_operator")
+REFUSALS = PERMANENT_REFUSALS | RETRIED_REFUSALS
+
+
+def refused(error: ApiException) -> ApplyRefusedError | None:
+    """The API server's refusal of an object, as the port reports it; None: another error."""
+    if error.status not in REFUSALS:
+        return None
+    reason, message = api_status(error.body)
+    return ApplyRefusedError(int(error.status), reason or str(error.reason or ""), message)
 
 
 def load_kube_config() -> client.ApiClient:
@@ -41,6 +58,7 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self._dynamic: dynamic.DynamicClient | None = None
+        self._events_forbidden_logged = False
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(partial(fn, *args, **kwargs))
@@ -101,23 +119,33 @@ class Kube:
         resource = await self._run(
             self.dynamic.resources.get, api_version=manifest["apiVersion"], kind=manifest["kind"]
         )
-        await self._run(
-            self.dynamic.server_side_apply,
-            resource,
-            body=manifest,
-            namespace=manifest["metadata"]["namespace"],
-            field_manager=FIELD_MANAGER,
-            force_conflicts=True,
-        )
+        try:
+            await self._run(
+                self.dynamic.server_side_apply,
+                resource,
+                body=manifest,
+                namespace=manifest["metadata"]["namespace"],
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+            )
+        except ApiException as error:
+            if (refusal := refused(error)) is not None:
+                raise refusal from None  # the body and headers stay out of the traceback
+            raise
 
     async def create_if_missing(self, manifest: dict[str, Any]) -> None:
         resource = await self._run(
             self.dynamic.resources.get, api_version=manifest["apiVersion"], kind=manifest["kind"]
         )
-        with contextlib.suppress(dynamic.exceptions.ConflictError):  # it exists: keep it
-            await self._run(
-                resource.create, body=manifest, namespace=manifest["metadata"]["namespace"]
-            )
+        try:
+            with contextlib.suppress(dynamic.exceptions.ConflictError):  # it exists: keep it
+                await self._run(
+                    resource.create, body=manifest, namespace=manifest["metadata"]["namespace"]
+                )
+        except ApiException as error:
+            if (refusal := refused(error)) is not None:
+                raise refusal from None
+            raise
 
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         """The Ray pods of one RayCluster (head and workers)."""
@@ -127,6 +155,28 @@ class Kube:
             label_selector=f"{ray.LABEL_CLUSTER}={cluster}",
         )
         return list(pods.items)
+
+    async def cluster_events(self, namespace: str, cluster: str) -> list[Any]:
+        """KubeRay's Warning Events on one RayCluster (why its pods are not there).
+
+        Without `list` on events (an older chart) there are none to show: logged once, never a
+        failed reconcile, since they only explain a wait.
+        """
+        selector = (
+            f"involvedObject.kind={ray.RAY_CLUSTER_KIND},involvedObject.name={cluster},type=Warning"
+        )
+        try:
+            events = await self._run(
+                self.core.list_namespaced_event, namespace, field_selector=selector
+            )
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            if not self._events_forbidden_logged:
+                self._events_forbidden_logged = True
+                log.warning("cannot list Events (grant list on events): %s", error.reason)
+            return []
+        return list(events.items)
 
     async def get_lease(self, namespace: str, name: str) -> Any | None:
         try:

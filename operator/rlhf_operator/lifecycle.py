@@ -11,16 +11,26 @@ The phases, in order of a healthy job: Pending → Provisioning → Running → 
 the trainer lead to Recovering (the recovery ladder of decision 5) and, when retrying cannot help
 or the restart budget is spent, to Failed. Suspended releases the cluster and keeps checkpoints.
 Succeeded and Failed are terminal: nothing brings a job back from them.
+
+What keeps a cluster from coming up shows on the job one way, whoever says it: the ClusterReady
+condition's reason names the kind of cause (`ApplyRefused`, `ClusterRejected`,
+`PodCreationFailed`, `Unschedulable`) and its message, like the job's, quotes the cause in its
+source's own words. A cause retrying cannot fix fails the job at once (an object the API server
+or KubeRay refused) or after `PERMANENT_FAILURE_GRACE_SECONDS` (pods refused by Pod Security or
+validation); any other cause is waited out until `provisioningTimeoutSeconds`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from rlhf_operator.names import submission_id
-from rlhf_operator.views import ClusterView, HeartbeatView, Observed, RayJobView
+from rlhf_operator.views import ApplyRefusal, ClusterView, HeartbeatView, Observed, RayJobView
 from rlhfjob.api import (
     MAX_RESTART_HISTORY,
     CheckpointRef,
@@ -92,7 +102,74 @@ COMPLETE = "Complete"
 FAILED = "Failed"
 DEGRADED = "Degraded"
 
+# ClusterReady reasons while the cluster is not ready: the kind of cause the message quotes.
+CREATING = "Creating"
+APPLY_REFUSED = "ApplyRefused"
+"""The API server refused an object for now (403: RBAC or a quota; 409): retried."""
+CLUSTER_REJECTED = FailureReason.CLUSTER_REJECTED.value
+"""The API server (400, 422) or KubeRay's validation refused the RayCluster or an object of
+the job: the job fails."""
+POD_CREATION_FAILED = FailureReason.POD_CREATION_FAILED.value
+"""KubeRay could not create a pod (its Warning Event on the RayCluster)."""
+UNSCHEDULABLE = "Unschedulable"
+"""A pod exists but the scheduler cannot place it."""
+PODS_NOT_READY = "PodsNotReady"
+"""No cause known: the pods are starting."""
+
 SUBMIT_RETRY_SECONDS = 5.0
+APPLY_RETRY_SECONDS = (2.0, 60.0)
+"""The wait before applying a refused object again grows with how long it has been refused,
+within these bounds (the operator's timer re-reads the world meanwhile anyway)."""
+PERMANENT_FAILURE_GRACE_SECONDS = 60.0
+"""How long a pod refusal that retrying cannot fix (Pod Security, an invalid pod) may persist
+before the job fails: time for a quick fix of the namespace, short enough to see it fail."""
+_LATEST = datetime.max.replace(tzinfo=UTC)
+MESSAGE_LIMIT = 4096
+"""The most of a message the status keeps (of a condition or the job): the API's limits are
+higher, but what says why fits here."""
+REASON_LIMIT = 1024
+"""A condition reason's limit in the API."""
+
+
+def _trim(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _after(when: datetime, seconds: float) -> datetime:
+    """`when` plus `seconds`, however large the number a spec asks for."""
+    try:
+        return when + timedelta(seconds=seconds)
+    except OverflowError:
+        return _LATEST
+
+
+def _aware(value: Any) -> Any:
+    """`value` with every naive datetime in it read as UTC (what the client sometimes returns):
+    comparing naive with aware times raises, and `decide` must not."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, BaseModel):
+        changes = {}
+        for name in type(value).model_fields:
+            old = getattr(value, name, None)
+            if (new := _aware(old)) is not old:
+                changes[name] = new
+        return value.model_copy(update=changes) if changes else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for item in dataclasses.fields(value):
+            old = getattr(value, item.name)
+            if (new := _aware(old)) is not old:
+                changes[item.name] = new
+        return dataclasses.replace(value, **changes) if changes else value
+    if isinstance(value, list):
+        items = [_aware(item) for item in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    if isinstance(value, dict):
+        entries = {key: _aware(item) for key, item in value.items()}
+        changed = any(entries[key] is not item for key, item in value.items())
+        return entries if changed else value
+    return value
 
 
 def backoff_seconds(job: RLHFJob, restarts: int) -> float:
@@ -100,7 +177,8 @@ def backoff_seconds(job: RLHFJob, restarts: int) -> float:
     recovery = job.spec.recovery
     if restarts <= 0:
         return 0.0
-    return float(min(recovery.backoff_seconds * 2 ** (restarts - 1), recovery.max_backoff_seconds))
+    doubled = recovery.backoff_seconds * 2 ** min(restarts - 1, 64)
+    return float(min(doubled, recovery.max_backoff_seconds))
 
 
 class _Planner:
@@ -142,14 +220,22 @@ class _Planner:
         updated = Condition(
             type=type_,
             status=value,
-            reason=reason,
-            message=message,
+            reason=_trim(reason, REASON_LIMIT),
+            message=_trim(message, MESSAGE_LIMIT),
             last_transition_time=when,
             observed_generation=self.job.metadata.generation,
         )
         others = [c for c in self.status.conditions if c.type != type_]
         self.status.conditions = sorted([*others, updated], key=lambda c: c.type)
         return changed
+
+    def forget_condition(self, type_: str) -> None:
+        """Drop a condition, so that the next `condition` of that type starts its own clock."""
+        self.status.conditions = [c for c in self.status.conditions if c.type != type_]
+
+    def waited(self, since: datetime) -> float:
+        """Seconds from `since` to now (0 when `since` is in the future)."""
+        return max(0.0, (self.seen.now - since).total_seconds())
 
     def since(self, type_: str, status: str) -> datetime:
         """When condition `type_` took `status`; now when it does not have it (yet)."""
@@ -159,6 +245,7 @@ class _Planner:
         return found.last_transition_time
 
     def enter(self, phase: Phase, message: str, *, reason: str | None = None) -> None:
+        message = _trim(message, MESSAGE_LIMIT)
         if phase != self.status.phase:
             warning = phase in (Phase.FAILED, Phase.RECOVERING)
             self.event("Warning" if warning else "Normal", reason or phase.value, message)
@@ -184,7 +271,10 @@ class _Planner:
     # -- the steps, in priority order --------------------------------------------------------
 
     def run(self) -> Plan:
-        self.status.observed_generation = self.job.metadata.generation
+        refused = self.seen.apply_error
+        if refused is None or refused.permanent:
+            # A refused change is not observed yet: the spec still differs, so it is retried.
+            self.status.observed_generation = self.job.metadata.generation
         self.status.total_steps = self.job.spec.algorithm.total_steps or self.status.total_steps
         self.record_heartbeat()
         if self.status.phase.terminal:
@@ -195,6 +285,7 @@ class _Planner:
             pass
         else:
             self.drive()
+        self.status.message = _trim(self.status.message, MESSAGE_LIMIT)
         return self.plan
 
     def record_heartbeat(self) -> None:
@@ -234,7 +325,7 @@ class _Planner:
         ttl = self.job.spec.ttl_seconds_after_finished
         if ttl is None or self.status.completion_time is None:
             return
-        due = self.status.completion_time + timedelta(seconds=ttl)
+        due = _after(self.status.completion_time, ttl)
         if self.seen.now >= due:
             self.act(DeleteJob())
         else:
@@ -256,7 +347,7 @@ class _Planner:
         started = self.status.start_time
         if deadline is None or started is None:
             return False
-        due = started + timedelta(seconds=deadline)
+        due = _after(started, deadline)
         if self.seen.now < due:
             self.requeue((due - self.seen.now).total_seconds())
             return False
@@ -273,23 +364,39 @@ class _Planner:
             self.enter(
                 Phase.PENDING, "resuming from the latest checkpoint", reason=EventReason.RESUMED
             )
+            self.forget_condition(CLUSTER_READY)  # a new provisioning, with its own deadline
         self.status.start_time = self.status.start_time or self.seen.now
+        refused = self.seen.apply_error
+        if refused is not None and refused.permanent:
+            self.cluster_rejected(refused.text)
+            return
         cluster = self.seen.cluster
         if cluster is None or cluster.deleting:
             self.status.submission_id = None  # no Ray job outlives its cluster
+            if refused is not None:
+                self.wait_for_apply(refused)
+                return
             self.act(ApplyCluster())
             if self.status.phase in (Phase.PENDING, Phase.PROVISIONING):
                 self.enter(
                     Phase.PROVISIONING, "creating the RayCluster", reason=EventReason.PROVISIONING
                 )
-            self.condition(CLUSTER_READY, False, "Creating", "the RayCluster is being created")
+            self.condition(CLUSTER_READY, False, CREATING, "the RayCluster is being created")
             return
-        if self.spec_changed:
+        if self.spec_changed and refused is None:
             self.act(ApplyCluster())  # e.g. new replica counts of an elastic role
         self.status.ray_cluster_name = cluster.name
         if not cluster.ready:
             self.wait_for_cluster(cluster)
-            return
+        else:
+            self.drive_ready(cluster)
+        if refused is not None and not self.status.phase.terminal:
+            # The cluster runs as it was; the timer's next reconcile applies the change again.
+            note = f"the change of the spec is not applied yet: {refused.text}"
+            if note not in self.status.message:
+                self.status.message = f"{self.status.message}; {note}".lstrip("; ")
+
+    def drive_ready(self, cluster: ClusterView) -> None:
         if cluster.head_not_ready_since is not None:
             self.wait_for_head(cluster.head_not_ready_since)
             return
@@ -303,14 +410,64 @@ class _Planner:
         self.status.dashboard_url = cluster.dashboard
         self.follow_ray_job()
 
+    def cluster_rejected(self, cause: str) -> None:
+        """The API server or KubeRay refused what the job needs: the same spec would be refused
+        again, so the job fails now, quoting the refusal (no retry loop)."""
+        self.condition(CLUSTER_READY, False, CLUSTER_REJECTED, cause)
+        self.finish(Phase.FAILED, FailureReason.CLUSTER_REJECTED, cause)
+
+    def pod_cause(self) -> tuple[str, str | None]:
+        """Why the pods of an existing cluster are not ready: (ClusterReady reason, the cause)."""
+        warning = self.seen.cluster_warning
+        if warning is not None:
+            return (
+                CLUSTER_REJECTED if warning.spec_rejected else POD_CREATION_FAILED
+            ), warning.text
+        if self.seen.scheduling_problem:
+            return UNSCHEDULABLE, self.seen.scheduling_problem
+        return PODS_NOT_READY, None
+
+    def wait_for_apply(self, refused: ApplyRefusal) -> None:
+        """An object was refused for now (RBAC, a quota, a conflict): show it, apply it again
+        soon, and give up like a cluster that never became ready."""
+        waiting = f"waiting for the RayCluster: {refused.text}"
+        self.await_cluster(APPLY_REFUSED, waiting, refused.text, created=None)
+        if not self.status.phase.terminal:
+            waited = self.waited(self.since(CLUSTER_READY, "False"))
+            low, high = APPLY_RETRY_SECONDS
+            self.requeue(min(high, max(low, waited / 2)))
+
     def wait_for_cluster(self, cluster: ClusterView) -> None:
-        problem = self.seen.scheduling_problem
-        detail = f": {problem}" if problem else ""
+        reason, cause = self.pod_cause()
+        warning = self.seen.cluster_warning
+        if warning is not None and warning.spec_rejected:
+            self.cluster_rejected(warning.text)
+            return
+        if warning is not None and warning.permanent:
+            persisted = self.waited(warning.first_seen)
+            if persisted >= PERMANENT_FAILURE_GRACE_SECONDS:
+                self.condition(CLUSTER_READY, False, reason, warning.text)
+                self.finish(
+                    Phase.FAILED,
+                    FailureReason.POD_CREATION_FAILED,
+                    f"the Ray pods cannot be created ({persisted:.0f}s): {warning.text}",
+                )
+                return
+            self.requeue(PERMANENT_FAILURE_GRACE_SECONDS - persisted)
+        waiting = f"waiting for Ray pods: {cause}" if cause else "waiting for Ray pods"
+        self.await_cluster(reason, waiting, cause, created=cluster.created)
+
+    def await_cluster(
+        self, reason: str, waiting: str, cause: str | None, created: datetime | None
+    ) -> None:
+        """Wait for a cluster that is not ready (or not created) within its deadline:
+        `provisioningTimeoutSeconds` for a new one, the recovery timeout for a recreated one."""
+        detail = f": {cause}" if cause else ""
         unhealthy_since = self.since(CLUSTER_READY, "False")
-        self.condition(CLUSTER_READY, False, "PodsNotReady", f"waiting for Ray pods{detail}")
+        self.condition(CLUSTER_READY, False, reason, waiting)
         if self.status.phase in (Phase.PENDING, Phase.PROVISIONING):
             limit = self.job.spec.provisioning_timeout_seconds
-            waited = (self.seen.now - cluster.created).total_seconds()
+            waited = self.waited(created or unhealthy_since)
             if waited >= limit:
                 self.finish(
                     Phase.FAILED,
@@ -318,21 +475,25 @@ class _Planner:
                     f"the RayCluster was not ready after {limit}s{detail}",
                 )
                 return
-            self.enter(
-                Phase.PROVISIONING, f"waiting for Ray pods{detail}", reason=EventReason.PROVISIONING
-            )
+            self.enter(Phase.PROVISIONING, waiting, reason=EventReason.PROVISIONING)
             self.requeue(limit - waited)
             return
-        # A recreated cluster: give it the recovery deadline, then recreate it again.
+        # A recreated cluster: give it the recovery deadline (from when it was asked for), then
+        # climb the ladder again.
+        history = self.status.restart_history
+        started = created or (history[-1].time if history else unhealthy_since)
         limit = self.job.spec.recovery.cluster_recovery_timeout_seconds
-        waited = (self.seen.now - unhealthy_since).total_seconds()
+        since = max(unhealthy_since, started)
+        waited = self.waited(since)
         if waited >= limit:
             message = f"the RayCluster stayed unhealthy for {limit}s{detail}"
-            self.recreate_cluster(
-                RestartReason.CLUSTER_UNHEALTHY, message, last_alive=unhealthy_since
-            )
+            if created is None:  # nothing to delete: try again after the restart's backoff
+                self.restart(RestartReason.CLUSTER_UNHEALTHY, message, last_alive=since)
+                self.condition(TRAINER_RUNNING, False, RestartReason.CLUSTER_UNHEALTHY, message)
+            else:
+                self.recreate_cluster(RestartReason.CLUSTER_UNHEALTHY, message, last_alive=since)
             return
-        self.enter(Phase.RECOVERING, f"waiting for Ray pods{detail}")
+        self.enter(Phase.RECOVERING, waiting)
         self.requeue(limit - waited)
 
     def wait_for_head(self, since: datetime) -> None:
@@ -534,9 +695,7 @@ class _Planner:
             return
         restarts = self.status.restart_count
         if restarts and self.status.restart_history:
-            due = self.status.restart_history[-1].time + timedelta(
-                seconds=backoff_seconds(self.job, restarts)
-            )
+            due = _after(self.status.restart_history[-1].time, backoff_seconds(self.job, restarts))
             if self.seen.now < due:
                 self.requeue((due - self.seen.now).total_seconds())
                 return
@@ -621,4 +780,4 @@ def trainer_failure_summary(message: str, limit: int = 300) -> str:
 
 def decide(seen: Observed) -> Plan:
     """The next status and actions for one job."""
-    return _Planner(seen).run()
+    return _Planner(_aware(seen)).run()

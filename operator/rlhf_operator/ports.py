@@ -20,6 +20,20 @@ class DashboardUnavailableError(Exception):
     """
 
 
+class ApplyRefusedError(Exception):
+    """The API server refused to create or change an object (HTTP 400, 403, 409 or 422).
+
+    Carries only the Status `reason` and `message`, never the response body or headers: the
+    reconciler shows the message on the job (after redacting Secret values).
+    """
+
+    def __init__(self, code: int, reason: str = "", message: str = "") -> None:
+        super().__init__(f"HTTP {code} {reason}: {message}".strip())
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+
 @dataclass(frozen=True)
 class Dashboard:
     """A job's Ray dashboard: where it answers, and the token it asks for (`ray_auth`)."""
@@ -31,7 +45,9 @@ class Dashboard:
 class KubePort(Protocol):
     """The API-server calls of the operator (the Helm chart's RBAC grants exactly these).
 
-    Errors are the Kubernetes client's `ApiException`: the reconcile fails and the timer retries.
+    Errors are the Kubernetes client's `ApiException`: the reconcile fails and the timer retries;
+    except that `apply` and `create_if_missing` raise `ApplyRefusedError` when the API server
+    refuses the object itself (4xx), which the lifecycle policy decides on.
     """
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
@@ -44,12 +60,21 @@ class KubePort(Protocol):
 
     async def delete_ray_cluster(self, namespace: str, name: str) -> None: ...
 
-    async def apply(self, manifest: dict[str, Any]) -> None: ...
+    async def apply(self, manifest: dict[str, Any]) -> None:
+        """Server-side apply; raises `ApplyRefusedError` when the object is refused."""
+        ...
 
-    async def create_if_missing(self, manifest: dict[str, Any]) -> None: ...
+    async def create_if_missing(self, manifest: dict[str, Any]) -> None:
+        """Create unless it exists; raises `ApplyRefusedError` when the object is refused."""
+        ...
 
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         """The pods (`V1Pod`) of one RayCluster."""
+        ...
+
+    async def cluster_events(self, namespace: str, cluster: str) -> list[Any]:
+        """The Warning Events (`CoreV1Event`) recorded on one RayCluster, e.g. KubeRay's
+        FailedToCreateWorkerPod. Read only while the cluster is not ready."""
         ...
 
     async def get_lease(self, namespace: str, name: str) -> Any | None:

@@ -4,7 +4,8 @@
 heartbeat Lease) through its two ports, asks the pure lifecycle policy what to do, does it, and
 writes the status. It is safe to call at any time and any number of times: kopf's handlers and
 timer only ever "kick" it. When an action fails in a way the policy knows about (a submission
-that Ray refused), that is observed and decided again; the reconciler never edits a plan.
+that Ray refused, an object the API server refused), that is observed and decided again; the
+reconciler never edits a plan.
 """
 
 from __future__ import annotations
@@ -31,11 +32,20 @@ from rlhf_operator.lifecycle import (
 )
 from rlhf_operator.metrics import OperatorMetrics
 from rlhf_operator.policy import JobPolicy
-from rlhf_operator.ports import Dashboard, DashboardUnavailableError, KubePort, RayJobsPort
+from rlhf_operator.ports import (
+    ApplyRefusedError,
+    Dashboard,
+    DashboardUnavailableError,
+    KubePort,
+    RayJobsPort,
+)
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.views import (
+    ApplyRefusal,
     Observed,
+    apply_refusal,
     cluster_view,
+    cluster_warning,
     error_text,
     heartbeat_from_lease,
     parse_time,
@@ -54,6 +64,9 @@ STATUS_FIELDS = frozenset(field.alias or name for name, field in RLHFJobStatus.m
 """The status keys the operator owns (anything else there, it leaves alone)."""
 EVENT_MESSAGE_LIMIT = 1024
 """The API server rejects longer Event messages."""
+MAX_DECISIONS = 3
+"""Decisions per reconcile: the first, and one per action that failed in a known way (each
+decision knows the failures before it, so the policy never plans the same failed action)."""
 
 
 class Reconciler:
@@ -115,11 +128,15 @@ class Reconciler:
             return None
         seen = await self.observe(job, body)
         plan = decide(seen)
-        submit_error = await self.act(job, body, seen, plan)
-        if submit_error is not None:  # not submitted after all: news for the policy
-            seen = replace(seen, submit_error=submit_error)
-            plan = decide(seen)
-            await self.act(job, body, seen, plan)
+        for decision in range(1, MAX_DECISIONS + 1):
+            news = await self.act(job, body, seen, plan)
+            if news is None:
+                break
+            if decision == MAX_DECISIONS:  # the policy planned an action it knew had failed
+                log.error("%s/%s: an action failed again after %d decisions",
+                          namespace, name, decision)  # fmt: skip
+                break
+            seen, plan = news, decide(news)  # it did not happen after all: news for the policy
         await self._write_status(job, body, plan.status)
         self._record_metrics(job, seen, plan)
         return plan.requeue_after
@@ -132,9 +149,9 @@ class Reconciler:
         cluster_body = await self.kube.get_ray_cluster(namespace, names.ray_cluster_name(job))
         pods = []
         if cluster_body is not None:
-            pods = await self.kube.cluster_pods(namespace, cluster_body["metadata"]["name"])
+            pods = await self.kube.cluster_pods(namespace, names.ray_cluster_name(job))
         cluster = cluster_view(job, cluster_body, pods, now)
-        ray_job = previous_ray_job = dashboard_error = problem = None
+        ray_job = previous_ray_job = dashboard_error = problem = warning = None
         attempt = names.submission_id(job, status.restart_count)
         if cluster and cluster.ready and not cluster.deleting and cluster.dashboard:
             dashboard = self._dashboard(job, cluster.dashboard)
@@ -145,8 +162,11 @@ class Reconciler:
                     previous_ray_job = await self.ray_jobs.status(dashboard, previous)
             except DashboardUnavailableError as error:
                 dashboard_error = error_text(error)
-        elif cluster and not cluster.ready:
+        elif cluster and not cluster.ready and not cluster.deleting and cluster_body is not None:
+            # Why the pods are not there yet; read only now, so a ready cluster costs nothing.
             problem = scheduling_problem(pods)
+            events = await self.kube.cluster_events(namespace, cluster.name)
+            warning = cluster_warning(events, cluster_body, pods, now)
         lease = await self.kube.get_lease(namespace, names.heartbeat_lease_name(job))
         return Observed(
             job=job,
@@ -158,31 +178,32 @@ class Reconciler:
             dashboard_error=dashboard_error,
             heartbeat=heartbeat_from_lease(lease),
             scheduling_problem=problem,
+            cluster_warning=warning,
         )
 
     async def act(
         self, job: RLHFJob, body: dict[str, Any], seen: Observed, plan: Plan
-    ) -> str | None:
-        """Carry out the plan, then its Events; a failed submission stops it and is returned."""
+    ) -> Observed | None:
+        """Carry out the plan, then its Events.
+
+        An action that fails in a way the policy knows (a refused object, a refused submission)
+        stops it: the world with that failure in it is returned, to be decided again.
+        """
         namespace, name = job.metadata.namespace, job.metadata.name
         url = seen.cluster.dashboard if seen.cluster else None
         dashboard = self._dashboard(job, url) if url else None
         for action in plan.actions:
             match action:
                 case ApplyCluster():
-                    owned = builder.build_owned_objects(
-                        job, self.ray_auth.token(job), self.policy.operator_namespace
-                    )
-                    for manifest in owned:
-                        await self.kube.apply(manifest)
-                    await self.kube.create_if_missing(builder.build_heartbeat_lease(job))
+                    if (refusal := await self._apply(job)) is not None:
+                        return replace(seen, apply_error=refusal)
                 case DeleteCluster(reason=reason):
                     log.info("%s/%s: deleting RayCluster (%s)", namespace, name, reason)
                     await self.kube.delete_ray_cluster(namespace, names.ray_cluster_name(job))
                 case SubmitRayJob():
                     assert dashboard is not None
                     if (error := await self._submit(job, dashboard, action)) is not None:
-                        return error
+                        return replace(seen, submit_error=error)
                 case StopRayJob(submission_id=stopped) if dashboard:
                     try:
                         await self.ray_jobs.stop(dashboard, stopped)
@@ -197,6 +218,25 @@ class Reconciler:
                     event.type, event.reason, event.message[: EVENT_MESSAGE_LIMIT - 3] + "..."
                 )
             self.emit(body, event)
+        return None
+
+    async def _apply(self, job: RLHFJob) -> ApplyRefusal | None:
+        """Apply the job's objects in order; the first the API server refuses, if any."""
+        owned = builder.build_owned_objects(
+            job, self.ray_auth.token(job), self.policy.operator_namespace
+        )
+        lease = builder.build_heartbeat_lease(job)
+        for manifest in [*owned, lease]:
+            try:
+                if manifest is lease:
+                    await self.kube.create_if_missing(manifest)
+                else:
+                    await self.kube.apply(manifest)
+            except ApplyRefusedError as error:
+                # Only the Status words, with the manifest's Secret values taken out.
+                refusal = apply_refusal(manifest, error.code, error.reason, error.message)
+                log.warning("%s/%s: %s", job.metadata.namespace, job.metadata.name, refusal.text)
+                return refusal
         return None
 
     def _dashboard(self, job: RLHFJob, url: str) -> Dashboard:

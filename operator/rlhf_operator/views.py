@@ -7,7 +7,11 @@ never as a crash: the lifecycle policy decides what not knowing means.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -20,7 +24,26 @@ from rlhfjob.contract.lease import parse_time
 
 MESSAGE_LIMIT = 2000
 """What is kept of an error or a Ray job's message: enough to say why, short enough for status."""
+CAUSE_LIMIT = 800
+"""What is kept of the API server's or KubeRay's words on why the cluster does not come up."""
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
+
+PERMANENT_REFUSALS = frozenset({400, 422})
+"""HTTP codes of an apply the same manifest would get again (BadRequest, Invalid)."""
+RETRIED_REFUSALS = frozenset({403, 409})
+"""HTTP codes of an apply that may pass later (RBAC granted, quota freed, a conflict gone)."""
+
+POD_CREATION_EVENTS = frozenset({"FailedToCreateHeadPod", "FailedToCreateWorkerPod"})
+"""KubeRay's Warning reasons when the API server refused a pod it tried to create."""
+SPEC_REJECTED_EVENTS = frozenset({"InvalidRayClusterSpec", "InvalidRayClusterMetadata"})
+"""KubeRay's Warning reasons when its own validation refused the RayCluster."""
+PERMANENT_POD_ERRORS = (
+    "violates PodSecurity",  # Pod Security admission: the namespace's level refuses the pod
+    " is invalid",  # pod validation: the pod as built can never exist
+    "failed quota:",  # a quota that needs requests/limits the pod does not set
+)
+"""Words of a refused pod that the same pod would get again; other refusals (`exceeded quota`,
+a ServiceAccount not there yet, a webhook) may pass later."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,61 @@ class Observed:
     """The scheduler's latest FailedScheduling message for the cluster's pods."""
     submit_error: str | None = None
     """Set when this reconcile's submission failed or was refused: it did not happen."""
+    cluster_warning: ClusterWarning | None = None
+    """KubeRay's newest Warning on the RayCluster that says why its pods do not come up (read
+    only while the cluster is not ready)."""
+    apply_error: ApplyRefusal | None = None
+    """Set when the API server refused this reconcile's apply: that object and the ones after
+    it were not changed."""
+
+
+@dataclass(frozen=True)
+class ApplyRefusal:
+    """The API server refused to create or change an object the job needs (HTTP 4xx)."""
+
+    kind: str
+    name: str
+    code: int
+    reason: str = ""
+    """The Status reason: Invalid, BadRequest, Forbidden, Conflict, AlreadyExists."""
+    message: str = ""
+    """The Status message, trimmed, with any Secret value of the manifest redacted."""
+
+    @property
+    def permanent(self) -> bool:
+        """The same manifest would be refused again: retrying cannot help."""
+        return self.code in PERMANENT_REFUSALS
+
+    @property
+    def text(self) -> str:
+        code = f"{self.code} {self.reason}".strip()
+        return f"the API server refused the {self.kind} {self.name} ({code}): {self.message}"
+
+
+@dataclass(frozen=True)
+class ClusterWarning:
+    """A Warning KubeRay recorded on the RayCluster: it could not create a pod, or refused the
+    spec. The newest one is what the job shows while its cluster is not ready."""
+
+    reason: str
+    """KubeRay's Event reason (FailedToCreateWorkerPod, ...)."""
+    message: str
+    first_seen: datetime
+    last_seen: datetime
+    count: int = 1
+
+    @property
+    def spec_rejected(self) -> bool:
+        return self.reason in SPEC_REJECTED_EVENTS
+
+    @property
+    def permanent(self) -> bool:
+        """Retrying cannot help: KubeRay refused the spec, or the pod itself was refused."""
+        return self.spec_rejected or any(word in self.message for word in PERMANENT_POD_ERRORS)
+
+    @property
+    def text(self) -> str:
+        return f"KubeRay {self.reason}: {self.message}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,6 +180,151 @@ class Observed:
 def error_text(error: BaseException) -> str:
     """An error as the status and Events show it."""
     return (str(error) or type(error).__name__)[:MESSAGE_LIMIT]
+
+
+def _one_line(text: Any, limit: int = CAUSE_LIMIT) -> str:
+    """Words from the API server or KubeRay on one line, trimmed to `limit`."""
+    line = " ".join(str(text or "").split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _time(value: Any) -> datetime | None:
+    """A timestamp from the client (datetime, maybe naive) or a body (RFC 3339); else None."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, str):
+        try:
+            parsed = parse_time(value)
+        except ValueError:
+            return None
+        return _time(parsed)
+    return None
+
+
+def api_status(body: Any) -> tuple[str, str]:
+    """(reason, message) of the API server's Status body; ("", "") when there is none.
+
+    Only the Status `message` and `reason` are read: never the request echoed back, nor the
+    details (which may quote the object).
+    """
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    try:
+        status = json.loads(body) if isinstance(body, str) else None
+    except ValueError:
+        status = None
+    if not isinstance(status, dict):
+        return "", ""
+    reason, message = status.get("reason"), status.get("message")
+    return (
+        reason if isinstance(reason, str) else "",
+        message if isinstance(message, str) else "",
+    )
+
+
+def secret_values(manifest: dict[str, Any]) -> list[str]:
+    """Every value of a Secret manifest (as sent and decoded): what must never be quoted."""
+    if manifest.get("kind") != "Secret":
+        return []
+    found: list[str] = []
+    for key in ("data", "stringData"):
+        values = manifest.get(key)
+        for value in values.values() if isinstance(values, dict) else []:
+            if not isinstance(value, str) or not value:
+                continue
+            found.append(value)
+            if key == "data":
+                try:
+                    decoded = base64.b64decode(value, validate=True).decode()
+                except (binascii.Error, ValueError):
+                    continue
+                if decoded:
+                    found.append(decoded)
+    return sorted(set(found), key=len, reverse=True)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
+    return text
+
+
+def apply_refusal(manifest: dict[str, Any], code: int, reason: str, message: str) -> ApplyRefusal:
+    """The API server's refusal of `manifest`, fit to show: trimmed, Secret values redacted."""
+    metadata = manifest.get("metadata") if isinstance(manifest.get("metadata"), dict) else {}
+    secrets = secret_values(manifest)
+    words = redact(" ".join(str(message or "").split()), secrets)
+    return ApplyRefusal(
+        kind=str(manifest.get("kind") or "object"),
+        name=str((metadata or {}).get("name") or "?"),
+        code=code,
+        reason=redact(_one_line(reason, 40), secrets),
+        message=_one_line(words) or f"HTTP {code}",
+    )
+
+
+def _event_times(event: Any, now: datetime) -> tuple[datetime, datetime]:
+    """When an Event (core/v1, as the client reads it) first and last happened."""
+    metadata = getattr(event, "metadata", None)
+    first = (
+        _time(getattr(event, "first_timestamp", None))
+        or _time(getattr(event, "event_time", None))
+        or _time(getattr(metadata, "creation_timestamp", None))
+        or now
+    )
+    series = getattr(event, "series", None)
+    last = (
+        _time(getattr(series, "last_observed_time", None))
+        or _time(getattr(event, "last_timestamp", None))
+        or _time(getattr(event, "event_time", None))
+        or first
+    )
+    return first, max(first, last)
+
+
+def cluster_warning(
+    events: Iterable[Any], cluster: dict[str, Any] | None, pods: list[Any], now: datetime
+) -> ClusterWarning | None:
+    """The newest of KubeRay's Warnings on this RayCluster that still says why pods are missing.
+
+    Events of an earlier RayCluster of the same name (another uid, or older than this one) do not
+    count, nor a failure to create a pod older than the newest pod: KubeRay has since managed.
+    """
+    metadata = (cluster or {}).get("metadata") or {}
+    uid = metadata.get("uid") if isinstance(metadata, dict) else None
+    created = _time(metadata.get("creationTimestamp")) if isinstance(metadata, dict) else None
+    newest_pod = head_created(pods, any_type=True)
+    newest: ClusterWarning | None = None
+    for event in events or []:
+        reason = getattr(event, "reason", None)
+        if getattr(event, "type", None) != "Warning" or not isinstance(reason, str):
+            continue
+        if reason not in POD_CREATION_EVENTS | SPEC_REJECTED_EVENTS:
+            continue
+        about = getattr(getattr(event, "involved_object", None), "uid", None)
+        if uid and about and about != uid:
+            continue
+        first, last = _event_times(event, now)
+        if created is not None and last < created:
+            continue
+        if reason in POD_CREATION_EVENTS and newest_pod is not None and last < newest_pod:
+            continue
+        count = getattr(getattr(event, "series", None), "count", None) or getattr(
+            event, "count", None
+        )
+        message = _one_line(getattr(event, "message", None)).removeprefix(
+            "(combined from similar events): "
+        )
+        warning = ClusterWarning(
+            reason=reason,
+            message=message,
+            first_seen=first,
+            last_seen=last,
+            count=count if isinstance(count, int) and count > 0 else 1,
+        )
+        if newest is None or warning.last_seen >= newest.last_seen:
+            newest = warning
+    return newest
 
 
 def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
@@ -115,55 +338,89 @@ def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
     return HeartbeatView(renewed=renewed, **vars(report))
 
 
+def _labels(pod: Any) -> dict[str, Any]:
+    labels = getattr(getattr(pod, "metadata", None), "labels", None)
+    return labels if isinstance(labels, dict) else {}
+
+
+def _deleting(pod: Any) -> bool:
+    return getattr(getattr(pod, "metadata", None), "deletion_timestamp", None) is not None
+
+
+def _conditions(pod: Any) -> list[Any]:
+    conditions = getattr(getattr(pod, "status", None), "conditions", None)
+    return conditions if isinstance(conditions, list) else []
+
+
 def pod_ready(pod: Any) -> bool:
-    if pod.metadata.deletion_timestamp is not None or pod.status is None:
+    if _deleting(pod):
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    return any(
+        getattr(c, "type", None) == "Ready" and getattr(c, "status", None) == "True"
+        for c in _conditions(pod)
+    )
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def role_views(cluster: dict[str, Any], pods: list[Any]) -> dict[str, RoleView]:
     """Ready worker pods per group against the group's replicas (one group per role)."""
     ready: dict[str, int] = {}
     for pod in pods:
-        labels = pod.metadata.labels or {}
+        labels = _labels(pod)
         if labels.get(ray.LABEL_NODE_TYPE) == ray.NODE_WORKER and pod_ready(pod):
             group = labels.get(ray.LABEL_GROUP, "")
             ready[group] = ready.get(group, 0) + 1
+    spec = cluster.get("spec") if isinstance(cluster.get("spec"), dict) else {}
+    groups = (spec or {}).get("workerGroupSpecs")
     return {
-        group["groupName"]: RoleView(ready.get(group["groupName"], 0), group.get("replicas", 0))
-        for group in cluster.get("spec", {}).get("workerGroupSpecs") or []
+        group["groupName"]: RoleView(
+            ready.get(group["groupName"], 0), _count(group.get("replicas"))
+        )
+        for group in (groups if isinstance(groups, list) else [])
+        if isinstance(group, dict) and isinstance(group.get("groupName"), str)
     }
 
 
 def scheduling_problem(pods: list[Any]) -> str | None:
     """The scheduler's message for a pod of the cluster it could not place, if any."""
     for pod in pods:
-        for condition in (pod.status.conditions if pod.status else None) or []:
-            if condition.type == "PodScheduled" and condition.status == "False":
-                return f"pod {pod.metadata.name}: {condition.message or condition.reason}"
+        for condition in _conditions(pod):
+            if (
+                getattr(condition, "type", None) == "PodScheduled"
+                and getattr(condition, "status", None) == "False"
+            ):
+                name = getattr(getattr(pod, "metadata", None), "name", None) or "?"
+                words = getattr(condition, "message", None) or getattr(condition, "reason", None)
+                return f"the scheduler cannot place pod {name}: {_one_line(words)}"
     return None
 
 
-def head_created(pods: list[Any]) -> datetime | None:
-    """Creation time of the newest head pod that is not being deleted."""
+def head_created(pods: list[Any], *, any_type: bool = False) -> datetime | None:
+    """Creation time of the newest head pod (any pod: `any_type`) that is not being deleted."""
     times = [
-        pod.metadata.creation_timestamp
+        created
         for pod in pods
-        if (pod.metadata.labels or {}).get(ray.LABEL_NODE_TYPE) == ray.NODE_HEAD
-        and pod.metadata.deletion_timestamp is None
-        and pod.metadata.creation_timestamp is not None
+        if (any_type or _labels(pod).get(ray.LABEL_NODE_TYPE) == ray.NODE_HEAD)
+        and not _deleting(pod)
+        and (created := _time(getattr(getattr(pod, "metadata", None), "creation_timestamp", None)))
     ]
     return max(times) if times else None
 
 
 def head_not_ready_since(cluster: dict[str, Any], now: datetime) -> datetime | None:
     """From KubeRay's HeadPodReady condition: since when the head is not Ready (None: it is)."""
-    for condition in (cluster.get("status") or {}).get("conditions") or []:
+    status = cluster.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for condition in conditions if isinstance(conditions, list) else []:
         if (
-            condition.get("type") == ray.CONDITION_HEAD_POD_READY
+            isinstance(condition, dict)
+            and condition.get("type") == ray.CONDITION_HEAD_POD_READY
             and condition.get("status") == "False"
         ):
-            return parse_time(condition.get("lastTransitionTime")) or now
+            return _time(condition.get("lastTransitionTime")) or now
     return None
 
 
@@ -173,14 +430,18 @@ def cluster_view(
     """The RayCluster `body` (None: there is none) and its pods, as the policy needs them."""
     if body is None:
         return None
-    metadata = body["metadata"]
-    annotations = metadata.get("annotations") or {}
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    metadata = metadata or {}
+    annotations = metadata.get("annotations")
+    annotations = annotations if isinstance(annotations, dict) else {}
+    status = body.get("status") if isinstance(body.get("status"), dict) else {}
+    dashboard = annotations.get(DASHBOARD_ANNOTATION)
     return ClusterView(
-        name=metadata["name"],
-        created=parse_time(metadata.get("creationTimestamp")) or now,
-        ready=(body.get("status") or {}).get("state") == ray.STATE_READY,
+        name=str(metadata.get("name") or names.ray_cluster_name(job)),
+        created=_time(metadata.get("creationTimestamp")) or now,
+        ready=(status or {}).get("state") == ray.STATE_READY,
         deleting=bool(metadata.get("deletionTimestamp")),
-        dashboard=annotations.get(DASHBOARD_ANNOTATION) or names.dashboard_url(job),
+        dashboard=(dashboard if isinstance(dashboard, str) else None) or names.dashboard_url(job),
         head_not_ready_since=head_not_ready_since(body, now),
         head_created=head_created(pods),
         roles=role_views(body, pods),

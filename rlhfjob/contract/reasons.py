@@ -34,7 +34,14 @@ class FailureReason(StrEnum):
     RESTARTS_EXHAUSTED = "RestartsExhausted"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     PROVISIONING_TIMEOUT = "ProvisioningTimeout"
+    """The RayCluster was not ready within `provisioningTimeoutSeconds` (the cause is quoted)."""
     INVALID_SPEC = "InvalidSpec"
+    CLUSTER_REJECTED = "ClusterRejected"
+    """The API server (HTTP 400/422) or KubeRay's validation refused an object the job needs:
+    the same spec would be refused again, so the job fails at once, quoting the refusal."""
+    POD_CREATION_FAILED = "PodCreationFailed"
+    """KubeRay could not create the Ray pods for a reason that does not pass (Pod Security, an
+    invalid pod), for longer than a short grace."""
 
 
 class EventReason(StrEnum):

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from rlhf_operator.lifecycle import (
+    MESSAGE_LIMIT,
     ApplyCluster,
     DeleteCluster,
     DeleteJob,
@@ -19,8 +20,16 @@ from rlhf_operator.lifecycle import (
     trainer_failure_summary,
 )
 from rlhf_operator.names import submission_id
-from rlhf_operator.views import ClusterView, HeartbeatView, Observed, RayJobView, RoleView
-from rlhfjob.api import Phase, RLHFJob
+from rlhf_operator.views import (
+    ApplyRefusal,
+    ClusterView,
+    ClusterWarning,
+    HeartbeatView,
+    Observed,
+    RayJobView,
+    RoleView,
+)
+from rlhfjob.api import Condition, Phase, RLHFJob
 from rlhfjob.config import parse_job
 from rlhfjob.contract import EngineCount
 from rlhfjob.invalid_cases import valid_job
@@ -618,3 +627,276 @@ def test_a_head_pod_newer_than_the_running_trainer_means_the_head_was_replaced()
     recreated = decide(Observed(job=job, now=at(200), created=at(0), cluster=new_cluster))
     assert DeleteCluster not in kinds(recreated)
     assert SubmitRayJob in kinds(recreated)
+
+
+# --- what only the cluster can tell: refusals, pods KubeRay cannot create, no node (issue 13) --
+
+REJECTED = ApplyRefusal(
+    "RayCluster", "job", 422, "Invalid",
+    'RayCluster.ray.io "job" is invalid: spec.headGroupSpec.template.spec.volumes[1]'
+    ".persistentVolumeClaim.claimName: Required value",
+)  # fmt: skip
+FORBIDDEN = ApplyRefusal(
+    "Role", "job-trainer", 403, "Forbidden",
+    'roles.rbac.authorization.k8s.io "job-trainer" is forbidden: user "rlhf-operator" is '
+    "attempting to grant RBAC permissions not currently held",
+)  # fmt: skip
+QUOTA = (
+    'Failed to create head Pod ns/job-head-x, pods "job-head-x" is forbidden: exceeded quota: '
+    "pods, requested: pods=1, used: pods=0, limited: pods=0"
+)
+PSA = (
+    'Failed to create worker Pod for the cluster ns/job, pods "job-trainer-worker-x" is '
+    'forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false'
+)
+
+
+def cluster_ready(plan) -> Condition:
+    return next(c for c in plan.status.conditions if c.type == "ClusterReady")
+
+
+def warning(message: str = QUOTA, first: float = 10, reason: str = "FailedToCreateHeadPod"):
+    return ClusterWarning(reason, message, first_seen=at(first), last_seen=at(first))
+
+
+@pytest.mark.parametrize(
+    ("status", "cluster"),
+    [
+        (None, None),  # a new job: its RayCluster is refused on creation
+        ({"phase": "Provisioning"}, None),
+        (submitted(), ready_cluster()),  # a running job whose change is refused
+    ],
+)
+def test_an_object_the_api_server_refuses_fails_the_job_at_once_quoting_it(
+    status: dict[str, Any] | None, cluster: ClusterView | None
+) -> None:
+    seen = Observed(job=make_job(status), now=at(5), created=at(0), cluster=cluster,
+                    apply_error=REJECTED)  # fmt: skip
+    plan = decide(seen)
+    assert plan.status.phase == Phase.FAILED
+    assert ApplyCluster not in kinds(plan)
+    assert plan.status.message == REJECTED.text
+    assert "claimName: Required value" in plan.status.message
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ClusterRejected")]
+    condition = cluster_ready(plan)
+    assert (condition.status, condition.reason, condition.message) == (
+        "False", "ClusterRejected", REJECTED.text
+    )  # fmt: skip
+    failed = next(c for c in plan.status.conditions if c.type == "Failed")
+    assert failed.reason == "ClusterRejected"
+    assert (DeleteCluster in kinds(plan)) is (cluster is not None)
+    # And it stays that way: a terminal job applies nothing and says nothing more.
+    later = decide(Observed(job=make_job(plan.status.wire()), now=at(60), created=at(0)))
+    assert later.actions == [] and later.events == []
+
+
+def test_an_object_refused_for_now_is_shown_retried_and_given_up_at_the_provisioning_deadline():
+    job = make_job(provisioningTimeoutSeconds=100)
+    first = decide(Observed(job=job, now=at(0), created=at(0), apply_error=FORBIDDEN))
+    assert first.status.phase == Phase.PROVISIONING
+    assert first.actions == []  # this reconcile's apply was refused: nothing more to do
+    assert first.status.message == f"waiting for the RayCluster: {FORBIDDEN.text}"
+    condition = cluster_ready(first)
+    assert (condition.status, condition.reason) == ("False", "ApplyRefused")
+    assert condition.message == first.status.message
+    assert first.requeue_after == pytest.approx(2)
+    assert [(e.type, e.reason) for e in first.events] == [("Normal", "Provisioning")]
+    assert first.status.observed_generation is None  # not applied: not observed
+
+    # The next reconcile applies again (the policy never remembers a refusal).
+    job = make_job(first.status.wire(), provisioningTimeoutSeconds=100)
+    retry = decide(Observed(job=job, now=at(40), created=at(0)))
+    assert kinds(retry) == [ApplyCluster]
+    still = decide(Observed(job=job, now=at(40), created=at(0), apply_error=FORBIDDEN))
+    assert still.requeue_after == pytest.approx(20)  # backing off, within the deadline
+    assert still.events == []
+    job = make_job(still.status.wire(), provisioningTimeoutSeconds=100)
+    late = decide(Observed(job=job, now=at(100), created=at(0), apply_error=FORBIDDEN))
+    assert late.status.phase == Phase.FAILED
+    assert late.status.message == f"the RayCluster was not ready after 100s: {FORBIDDEN.text}"
+    assert [e.reason for e in late.events] == ["ProvisioningTimeout"]
+
+
+def test_a_recreated_cluster_refused_for_now_climbs_the_ladder_after_the_recovery_timeout():
+    history = [{"time": at(100).isoformat(), "reason": "HeadLost"}]
+    down = {"type": "ClusterReady", "status": "False", "reason": "HeadPodNotReady",
+            "lastTransitionTime": at(90).isoformat()}  # fmt: skip
+    job = make_job(running(1, phase="Recovering", restartHistory=history, conditions=[down]),
+                   recovery={"clusterRecoveryTimeoutSeconds": 60})  # fmt: skip
+    waiting = decide(Observed(job=job, now=at(150), created=at(0), apply_error=FORBIDDEN))
+    assert waiting.status.phase == Phase.RECOVERING
+    assert FORBIDDEN.text in waiting.status.message
+    job = make_job(waiting.status.wire(), recovery={"clusterRecoveryTimeoutSeconds": 60})
+    climbed = decide(Observed(job=job, now=at(161), created=at(0), apply_error=FORBIDDEN))
+    assert climbed.status.restart_count == 2
+    assert climbed.status.restart_history[-1].reason == "ClusterUnhealthy"
+    assert DeleteCluster not in kinds(climbed)  # there is none to delete
+
+
+def test_a_change_refused_for_now_leaves_the_running_cluster_and_is_applied_again() -> None:
+    job = make_job(submitted())
+    job.metadata.generation = 2  # the user scaled a role
+    seen = Observed(job=job, now=at(100), created=at(0), cluster=ready_cluster(),
+                    ray_job=ray_job("RUNNING"), apply_error=FORBIDDEN)  # fmt: skip
+    plan = decide(seen)
+    assert plan.status.phase == Phase.RUNNING
+    assert ApplyCluster not in kinds(plan)
+    assert plan.status.observed_generation == 1  # so the next reconcile applies it again
+    assert plan.status.message.endswith(f"not applied yet: {FORBIDDEN.text}")
+    job = make_job(plan.status.wire())
+    job.metadata.generation = 2
+    assert ApplyCluster in kinds(decide(replace(seen, job=job, apply_error=None)))
+
+
+@pytest.mark.parametrize(
+    ("found", "now", "phase", "reason"),
+    [
+        # Quota may free up: shown at once, waited out until provisioningTimeoutSeconds.
+        (warning(QUOTA, first=10), 20, Phase.PROVISIONING, None),
+        (warning(QUOTA, first=10), 500, Phase.PROVISIONING, None),
+        (warning(QUOTA, first=10), 611, Phase.FAILED, "ProvisioningTimeout"),
+        # Pod Security never lets these pods in: failed after the grace.
+        (warning(PSA, first=10, reason="FailedToCreateWorkerPod"), 69, Phase.PROVISIONING, None),
+        (warning(PSA, first=10, reason="FailedToCreateWorkerPod"), 70, Phase.FAILED,
+         "PodCreationFailed"),
+        (warning('Pod "job-head-x" is invalid: spec.volumes[1]', first=10), 71, Phase.FAILED,
+         "PodCreationFailed"),
+        # KubeRay's own validation refused the spec: at once.
+        (warning("bad spec", first=10, reason="InvalidRayClusterSpec"), 11, Phase.FAILED,
+         "ClusterRejected"),
+    ],
+)  # fmt: skip
+def test_pods_kuberay_cannot_create_show_at_once_and_fail_when_retrying_cannot_help(
+    found: ClusterWarning, now: float, phase: Phase, reason: str | None
+) -> None:
+    job = make_job({"phase": "Provisioning"}, provisioningTimeoutSeconds=600)
+    seen = Observed(job=job, now=at(now), created=at(0), cluster_warning=found,
+                    cluster=ready_cluster(ready=False),
+                    scheduling_problem="not this one")  # fmt: skip
+    plan = decide(seen)
+    assert plan.status.phase == phase
+    assert found.text in plan.status.message
+    assert found.message in cluster_ready(plan).message
+    if reason is None:
+        assert cluster_ready(plan).reason == "PodCreationFailed"
+        assert plan.status.message == f"waiting for Ray pods: {found.text}"
+        assert plan.events == [] and DeleteCluster not in kinds(plan)
+        deadline = 600 - now if not found.permanent else min(600 - now, 70 - now)
+        assert plan.requeue_after == pytest.approx(deadline)
+    else:
+        assert [(e.type, e.reason) for e in plan.events] == [("Warning", reason)]
+        assert DeleteCluster in kinds(plan)
+
+
+def causes() -> list[tuple[dict[str, Any], str, str]]:
+    """One world per kind of cause: what it observed, the ClusterReady reason, the words."""
+    unschedulable = "the scheduler cannot place pod job-head-x: 0/6 nodes are available"
+    return [
+        ({"apply_error": FORBIDDEN}, "ApplyRefused", FORBIDDEN.text),
+        ({"cluster": ready_cluster(ready=False), "cluster_warning": warning()},
+         "PodCreationFailed", warning().text),
+        ({"cluster": ready_cluster(ready=False), "scheduling_problem": unschedulable},
+         "Unschedulable", unschedulable),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("observed", "reason", "cause"), causes())
+def test_every_kind_of_cause_shows_the_same_way_while_waiting_and_when_failing(
+    observed: dict[str, Any], reason: str, cause: str
+) -> None:
+    job = make_job({"phase": "Provisioning"}, provisioningTimeoutSeconds=100)
+    plan = decide(Observed(job=job, now=at(0), created=at(0), **observed))
+    condition = cluster_ready(plan)
+    assert (condition.status, condition.reason) == ("False", reason)
+    assert condition.message == plan.status.message
+    assert plan.status.message.endswith(f": {cause}")
+    assert plan.status.message.startswith("waiting for ")
+    job = make_job(plan.status.wire(), provisioningTimeoutSeconds=100)
+    timed_out = decide(Observed(job=job, now=at(101), created=at(0), **observed))
+    assert timed_out.status.message == f"the RayCluster was not ready after 100s: {cause}"
+    assert [e.reason for e in timed_out.events] == ["ProvisioningTimeout"]
+    assert cluster_ready(timed_out).reason == reason
+
+
+def test_pods_with_no_known_cause_are_just_starting() -> None:
+    job = make_job({"phase": "Provisioning"})
+    plan = decide(Observed(job=job, now=at(5), created=at(0), cluster=ready_cluster(ready=False)))
+    assert cluster_ready(plan).reason == "PodsNotReady"
+    assert plan.status.message == "waiting for Ray pods"
+
+
+def test_a_job_resumed_from_suspension_gets_a_fresh_provisioning_deadline() -> None:
+    suspended = {"phase": "Suspended", "conditions": [
+        {"type": "ClusterReady", "status": "False", "reason": "Suspended",
+         "lastTransitionTime": at(0).isoformat()}]}  # fmt: skip
+    job = make_job(suspended, provisioningTimeoutSeconds=100)
+    resumed = decide(Observed(job=job, now=at(5000), created=at(0)))
+    assert cluster_ready(resumed).last_transition_time == at(5000)
+    job = make_job(resumed.status.wire(), provisioningTimeoutSeconds=100)
+    refused = decide(Observed(job=job, now=at(5010), created=at(0), apply_error=FORBIDDEN))
+    assert refused.status.phase == Phase.PROVISIONING  # 10s into its deadline, not 5010s
+
+
+def test_a_recreated_cluster_gets_its_own_recovery_deadline() -> None:
+    unhealthy = {"type": "ClusterReady", "status": "False", "reason": "HeadPodNotReady",
+                 "lastTransitionTime": at(0).isoformat()}  # fmt: skip
+    history = [{"time": at(100).isoformat(), "reason": "HeadLost"}]
+    job = make_job(running(1, phase="Recovering", conditions=[unhealthy], restartHistory=history),
+                   recovery={"clusterRecoveryTimeoutSeconds": 60})  # fmt: skip
+    new = ready_cluster(created=110, ready=False)
+    plan = decide(Observed(job=job, now=at(130), created=at(0), cluster=new))
+    assert DeleteCluster not in kinds(plan)  # 20s old, not 130s unhealthy
+    assert plan.requeue_after == pytest.approx(40)
+
+
+# --- decide never raises ---------------------------------------------------------------------
+
+
+def test_naive_times_anywhere_read_as_utc() -> None:
+    naive = T0.replace(tzinfo=None)
+    job = make_job(running(), activeDeadlineSeconds=1000)
+    job.status.start_time = naive  # type: ignore[union-attr]
+    seen = Observed(
+        job=job,
+        now=naive + timedelta(seconds=100),
+        created=naive,
+        cluster=ready_cluster(created=0, head_created=naive),
+        ray_job=ray_job("RUNNING", ended=naive),
+        heartbeat=HeartbeatView(renewed=naive + timedelta(seconds=99), step=3, attempt=0,
+                                step_changed=naive),
+        cluster_warning=ClusterWarning("FailedToCreateHeadPod", PSA, naive, naive),
+    )  # fmt: skip
+    plan = decide(seen)
+    assert plan.status.phase == Phase.RUNNING
+    assert plan.status.current_step == 3
+    assert plan.requeue_after == pytest.approx(59.5)  # the heartbeat's timeout, renewed 1s ago
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"activeDeadlineSeconds": 10**15},
+        {"ttlSecondsAfterFinished": 10**15},
+        {"recovery": {"backoffSeconds": 10**15, "maxBackoffSeconds": 10**16}},
+    ],
+)
+def test_huge_durations_are_far_away_not_a_crash(spec: dict[str, Any]) -> None:
+    history = [{"time": at(0).isoformat(), "reason": "TrainerFailed"}]
+    for status in (
+        running(10**6, restartHistory=history),
+        {"phase": "Failed", "completionTime": at(0).isoformat()},
+    ):
+        job = make_job(status, **{"recovery": {"maxRestarts": 1000}} | spec)
+        decide(Observed(job=job, now=at(10), created=at(0), cluster=ready_cluster()))
+
+
+def test_a_cause_of_any_length_fits_the_status() -> None:
+    job = make_job({"phase": "Provisioning"})
+    huge = "m" * 40_000
+    seen = Observed(job=job, now=at(5), created=at(0), cluster=ready_cluster(ready=False),
+                    scheduling_problem=huge)  # fmt: skip
+    plan = decide(seen)
+    assert len(plan.status.message) == MESSAGE_LIMIT and plan.status.message.endswith("...")
+    assert len(cluster_ready(plan).message) == MESSAGE_LIMIT
+    failed = decide(replace(seen, cluster=ready_cluster(ready=True), submit_error=huge))
+    assert len(failed.status.message) == MESSAGE_LIMIT

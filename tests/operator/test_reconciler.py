@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from kubernetes import client, dynamic
 from kubernetes.client import (
+    CoreV1Event,
+    CoreV1EventList,
     V1Lease,
     V1LeaseSpec,
     V1ObjectMeta,
+    V1ObjectReference,
     V1Pod,
     V1PodCondition,
     V1PodStatus,
@@ -24,10 +29,11 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_operator import names
+from rlhf_operator.kube import Kube
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
 from rlhf_operator.policy import JobPolicy
-from rlhf_operator.ports import Dashboard, DashboardUnavailableError
+from rlhf_operator.ports import ApplyRefusedError, Dashboard, DashboardUnavailableError
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.reconciler import Reconciler
 from rlhf_operator.views import RayJobView
@@ -58,6 +64,11 @@ class FakeKube:
         self.deleted: list[str] = []
         self.failing: dict[str, Exception] = {}
         """Method name → what it raises."""
+        self.refusing: dict[str, ApplyRefusedError] = {}
+        """Kind → how the API server refuses an object of that kind."""
+        self.events: dict[str, list[Any]] = {}
+        """RayCluster name → the Warning Events on it (KubeRay's)."""
+        self.event_reads = 0
 
     def _call(self, method: str) -> None:
         if method in self.failing:
@@ -90,6 +101,8 @@ class FakeKube:
 
     async def apply(self, manifest: dict[str, Any]) -> None:
         self._call("apply")
+        if manifest["kind"] in self.refusing:
+            raise self.refusing[manifest["kind"]]
         self.applied.append(manifest)
         if manifest["kind"] == ray.RAY_CLUSTER_KIND:
             name = manifest["metadata"]["name"]
@@ -102,6 +115,8 @@ class FakeKube:
 
     async def create_if_missing(self, manifest: dict[str, Any]) -> None:
         self._call("create_if_missing")
+        if manifest["kind"] in self.refusing:
+            raise self.refusing[manifest["kind"]]
         if manifest["kind"] == "Lease":
             name = manifest["metadata"]["name"]
             self.leases.setdefault(name, V1Lease(metadata=V1ObjectMeta(name=name)))
@@ -109,6 +124,11 @@ class FakeKube:
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         self._call("cluster_pods")
         return list(self.pods.get(cluster, []))
+
+    async def cluster_events(self, namespace: str, cluster: str) -> list[Any]:
+        self._call("cluster_events")
+        self.event_reads += 1
+        return list(self.events.get(cluster, []))
 
     async def get_lease(self, namespace: str, name: str) -> Any | None:
         self._call("get_lease")
@@ -471,3 +491,268 @@ def test_an_api_server_error_fails_the_reconcile_for_the_timer_to_retry(method: 
     del world.kube.failing[method]
     world.reconcile(2)
     assert world.status["phase"] == ("Provisioning" if method == "apply" else "Running")
+
+
+# -- what only the cluster can tell (issue 13) ------------------------------------------------
+
+INVALID_CLUSTER = (
+    'RayCluster.ray.io "job" is invalid: spec.headGroupSpec.template.spec.volumes[2]'
+    ".persistentVolumeClaim.claimName: Required value"
+)
+
+
+def test_a_raycluster_the_api_server_refuses_fails_the_job_quoting_why_once() -> None:
+    world = World()
+    world.kube.refusing["RayCluster"] = ApplyRefusedError(422, "Invalid", INVALID_CLUSTER)
+    assert world.reconcile(0) is None
+    assert world.status["phase"] == "Failed"
+    assert world.status["message"] == (
+        f"the API server refused the RayCluster job (422 Invalid): {INVALID_CLUSTER}"
+    )
+    assert world.condition("Failed")["reason"] == "ClusterRejected"
+    assert world.condition("ClusterReady")["reason"] == "ClusterRejected"
+    assert [(e.type, e.reason) for e in world.events] == [("Warning", "ClusterRejected")]
+    assert INVALID_CLUSTER in world.events[0].message
+    assert "RayCluster" not in [m["kind"] for m in world.kube.applied]
+    applied, patches = len(world.kube.applied), len(world.kube.status_patches)
+    for after in (5, 10, 60):  # no retry loop: nothing applied, written or said again
+        assert world.reconcile(after) is None
+    assert (len(world.kube.applied), len(world.kube.status_patches)) == (applied, patches)
+    assert len(world.events) == 1
+    assert world.sample("rlhf_operator_reconciles_total", result="error") is None
+
+
+def test_a_refused_secret_never_shows_its_value() -> None:
+    world = World()
+    job = parse_job(world.kube.jobs[NAME])
+    token = RAY_AUTH.token(job)
+    encoded = base64.b64encode(token.encode()).decode()
+    echo = f'Secret "job-ray-auth" is invalid: data[auth_token]: Invalid value: "{encoded}" {token}'
+    world.kube.refusing["Secret"] = ApplyRefusedError(422, "Invalid", echo)
+    world.reconcile(0)
+    assert world.status["phase"] == "Failed"
+    assert "Secret" in world.status["message"] and "[redacted]" in world.status["message"]
+    shown = str(world.status) + "".join(e.message for e in world.events)
+    assert token not in shown and encoded not in shown
+
+
+FORBIDDEN_ROLE = (
+    'roles.rbac.authorization.k8s.io "job-trainer" is forbidden: user "system:serviceaccount:'
+    'rlhf:rlhf-operator" is attempting to grant RBAC permissions not currently held'
+)
+
+
+def test_a_forbidden_object_is_shown_retried_and_created_once_allowed() -> None:
+    world = World()
+    world.kube.refusing["Role"] = ApplyRefusedError(403, "Forbidden", FORBIDDEN_ROLE)
+    due = world.reconcile(0)
+    assert world.status["phase"] == "Provisioning"
+    assert FORBIDDEN_ROLE in world.status["message"]
+    ready = world.condition("ClusterReady")
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyRefused")
+    assert FORBIDDEN_ROLE in ready["message"]
+    assert due is not None and due <= 5  # soon again, not only at the timer's pace
+    assert [m["kind"] for m in world.kube.applied] == ["ServiceAccount"]
+    world.reconcile(3)
+    assert [m["kind"] for m in world.kube.applied] == ["ServiceAccount"] * 2  # tried again
+    del world.kube.refusing["Role"]  # RBAC granted
+    world.reconcile(6)
+    assert "RayCluster" in [m["kind"] for m in world.kube.applied]
+    assert world.status["message"] == "creating the RayCluster"
+    assert world.condition("ClusterReady")["reason"] == "Creating"
+    assert world.sample("rlhf_operator_reconciles_total", result="error") is None
+
+
+def test_a_forbidden_object_fails_the_job_like_a_cluster_that_never_became_ready() -> None:
+    world = World(provisioningTimeoutSeconds=30)
+    world.kube.refusing["RayCluster"] = ApplyRefusedError(403, "Forbidden", "exceeded quota")
+    world.reconcile(0)
+    world.reconcile(15)
+    assert world.status["phase"] == "Provisioning"
+    world.reconcile(31)
+    assert world.status["phase"] == "Failed"
+    assert world.status["message"] == (
+        "the RayCluster was not ready after 30s: the API server refused the RayCluster job "
+        "(403 Forbidden): exceeded quota"
+    )
+    assert world.reasons() == ["Provisioning", "ProvisioningTimeout"]
+
+
+PSA = (
+    'Failed to create head Pod ns/job-head-x, pods "job-head-x" is forbidden: violates '
+    'PodSecurity "restricted:latest": allowPrivilegeEscalation != false'
+)
+QUOTA = (
+    'Failed to create head Pod ns/job-head-x, pods "job-head-x" is forbidden: exceeded quota: '
+    "pods, requested: pods=1, used: pods=0, limited: pods=0"
+)
+
+
+def kuberay_warning(message: str, first: float) -> CoreV1Event:
+    return CoreV1Event(
+        metadata=V1ObjectMeta(name=f"job.{first}"),
+        involved_object=V1ObjectReference(kind="RayCluster", name=NAME),
+        type="Warning",
+        reason="FailedToCreateHeadPod",
+        message=message,
+        first_timestamp=T0 + timedelta(seconds=first),
+        last_timestamp=T0 + timedelta(seconds=first),
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "after", "phase", "reasons"),
+    [
+        (PSA, 30, "Provisioning", ["Provisioning"]),
+        (PSA, 62, "Failed", ["Provisioning", "PodCreationFailed"]),
+        (QUOTA, 62, "Provisioning", ["Provisioning"]),
+        (QUOTA, 601, "Failed", ["Provisioning", "ProvisioningTimeout"]),
+    ],
+)
+def test_pods_kuberay_cannot_create_show_at_once_and_fail_when_retrying_cannot_help(
+    message: str, after: float, phase: str, reasons: list[str]
+) -> None:
+    world = World(provisioningTimeoutSeconds=600)
+    world.reconcile(0)  # the RayCluster is created; KubeRay cannot create its head pod
+    world.kube.events[NAME] = [kuberay_warning(message, first=1)]
+    world.reconcile(2)
+    assert world.status["phase"] == "Provisioning"
+    shown = f"waiting for Ray pods: KubeRay FailedToCreateHeadPod: {message}"
+    assert world.status["message"] == shown
+    ready = world.condition("ClusterReady")
+    assert (ready["reason"], ready["message"]) == ("PodCreationFailed", world.status["message"])
+    world.reconcile(after)
+    assert world.status["phase"] == phase
+    assert message in world.status["message"]
+    assert world.reasons() == reasons
+    assert ("RayCluster/job" in world.kube.deleted) is (phase == "Failed")
+
+
+def test_a_ready_cluster_costs_no_event_reads() -> None:
+    world = World()
+    world.reconcile(0)
+    world.reconcile(1)  # not ready yet: KubeRay's Warnings are read
+    assert world.kube.event_reads == 1
+    world.kube.make_cluster_ready()
+    world.kube.failing["cluster_events"] = AssertionError("read in steady state")
+    for after in (2, 3, 4):
+        world.reconcile(after)
+    assert world.status["phase"] == "Running"
+
+
+def test_a_garbled_raycluster_and_events_do_not_crash_the_reconciler() -> None:
+    world = World()
+    world.reconcile(0)
+    cluster = world.kube.clusters[NAME]
+    cluster["status"] = "garbage"
+    cluster["spec"]["workerGroupSpecs"] = ["junk", {"groupName": 5}, {"groupName": "x"}]
+    cluster["metadata"]["annotations"] = ["junk"]
+    world.kube.pods[NAME] = [V1Pod(), V1Pod(metadata=V1ObjectMeta())]
+    world.kube.events[NAME] = [
+        CoreV1Event(metadata=V1ObjectMeta(), involved_object=V1ObjectReference())
+    ]
+    world.reconcile(1)
+    assert world.status["phase"] == "Provisioning"
+    assert world.sample("rlhf_operator_reconciles_total", result="error") is None
+
+
+# -- the real port: which errors are the API server refusing the object -----------------------
+
+
+class _Resource:
+    def __init__(self, fail: Exception | None) -> None:
+        self.fail = fail
+
+    def create(self, **_: Any) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+
+class _Dynamic:
+    """The slice of `kubernetes.dynamic.DynamicClient` that `Kube.apply` uses."""
+
+    def __init__(self, fail: Exception | None) -> None:
+        self.fail = fail
+        self.resources = self
+        self.resource = _Resource(fail)
+
+    def get(self, **_: Any) -> _Resource:
+        return self.resource
+
+    def server_side_apply(self, resource: Any, **_: Any) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+
+def _api_error(code: int, **status: Any) -> dynamic.exceptions.DynamicApiError:
+    raw = ApiException(status=code, reason="HTTP reason")
+    raw.body = json.dumps({"kind": "Status", "code": code, **status})
+    raw.headers = {"Authorization": "Bearer not-for-status"}
+    return dynamic.exceptions.api_exception(raw)
+
+
+def _kube(fail: Exception | None = None) -> Kube:
+    kube = Kube(client.ApiClient())
+    kube._dynamic = _Dynamic(fail)  # type: ignore[assignment]
+    return kube
+
+
+MANIFEST = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+            "metadata": {"name": "job", "namespace": "ns"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "code"),
+    [("apply", 400), ("apply", 403), ("apply", 409), ("apply", 422),
+     ("create_if_missing", 400), ("create_if_missing", 403), ("create_if_missing", 422)],
+)  # fmt: skip
+def test_the_kube_port_reports_a_refused_object_with_the_status_words_only(
+    method: str, code: int
+) -> None:
+    kube = _kube(_api_error(code, reason="Invalid", message="spec.x: Required value",
+                            details={"causes": [{"message": "the object echoed"}]}))  # fmt: skip
+    with pytest.raises(ApplyRefusedError) as refused:
+        asyncio.run(getattr(kube, method)(MANIFEST))
+    assert (refused.value.code, refused.value.reason, refused.value.message) == (
+        code, "Invalid", "spec.x: Required value"
+    )  # fmt: skip
+    assert "Bearer" not in str(refused.value) and "echoed" not in str(refused.value)
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+
+
+@pytest.mark.parametrize("code", [401, 404, 429, 500, 503])
+def test_other_api_errors_stay_errors_for_the_timer(code: int) -> None:
+    with pytest.raises(ApiException) as raised:
+        asyncio.run(_kube(_api_error(code, message="etcd")).apply(MANIFEST))
+    assert not isinstance(raised.value, ApplyRefusedError) and raised.value.status == code
+
+
+def test_an_existing_lease_is_kept() -> None:  # create's 409: it is there already
+    asyncio.run(_kube(_api_error(409, reason="AlreadyExists")).create_if_missing(MANIFEST))
+
+
+class _Core:
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.fail = fail
+        self.selectors: list[str] = []
+
+    def list_namespaced_event(self, namespace: str, field_selector: str) -> Any:
+        self.selectors.append(field_selector)
+        if self.fail is not None:
+            raise self.fail
+        return CoreV1EventList(items=[kuberay_warning(PSA, 1)])
+
+
+def test_the_kube_port_reads_the_warnings_on_one_raycluster() -> None:
+    kube = _kube()
+    kube.core = _Core()  # type: ignore[assignment]
+    (found,) = asyncio.run(kube.cluster_events("ns", "job"))
+    assert found.reason == "FailedToCreateHeadPod"
+    assert kube.core.selectors == [  # type: ignore[attr-defined]
+        "involvedObject.kind=RayCluster,involvedObject.name=job,type=Warning"
+    ]
+    kube.core = _Core(ApiException(status=403, reason="Forbidden"))  # type: ignore[assignment]
+    assert asyncio.run(kube.cluster_events("ns", "job")) == []  # an older chart: no cause shown
+    kube.core = _Core(ApiException(status=500, reason="etcd"))  # type: ignore[assignment]
+    with pytest.raises(ApiException):
+        asyncio.run(kube.cluster_events("ns", "job"))
