@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
@@ -97,9 +98,8 @@ def _checked(rules: tuple[CelRule, ...], schema: dict[str, Any] | None = None) -
     """An after-validator that evaluates a field's own CEL `rules` (those of its schema)."""
 
     def check(value: Any) -> Any:
-        for rule in rules:
-            if not cel.holds(rule, value, schema):
-                raise _rule_error(rule)
+        for rule in cel.broken(rules, value, schema):
+            raise _rule_error(rule)
         return value
 
     return AfterValidator(check)
@@ -113,10 +113,19 @@ QUANTITY_RULES = (
     CelRule("type(self) == int ? self >= 0 : !self.startsWith('-')", "must not be negative"),
 )
 
+
+def _int_or_string(value: Any) -> Any:
+    """Refuse other types here, so the error names the field (not a branch of the union)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise PydanticCustomError("int_or_string", "must be an integer or a string")
+    return value
+
+
 # A structural schema allows only this exact anyOf for int-or-string; the syntax check of the
 # string form therefore is a CEL rule (isQuantity) rather than a pattern.
 Quantity = Annotated[
     int | str,
+    BeforeValidator(_int_or_string),
     _checked(QUANTITY_RULES),
     WithJsonSchema(
         {
@@ -241,14 +250,12 @@ class ApiModel(BaseModel):
 
     @model_validator(mode="after")
     def _check_cel_rules(self) -> ApiModel:
-        rules = [rule for rule in self.cel_rules if not rule.is_transition]
-        if not rules:
+        if not any(not rule.is_transition for rule in self.cel_rules):
             return self
         wire = self.model_dump(by_alias=True, exclude_none=True, mode="json")
         schema, defs = self.cel_schema()
-        for rule in rules:
-            if not cel.holds(rule, wire, schema, defs):
-                raise _rule_error(rule)
+        for rule in cel.broken(self.cel_rules, wire, schema, defs):
+            raise _rule_error(rule)
         return self
 
     @classmethod

@@ -13,6 +13,7 @@ never escaped. So the same rule text works here and on the server.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -158,10 +159,44 @@ def _is_quantity(value: Any) -> celtypes.BoolType:
     return celtypes.BoolType(isinstance(value, str) and bool(re.fullmatch(QUANTITY_PATTERN, value)))
 
 
+_ENVIRONMENT = celpy.Environment()  # at import: it raises the recursion limit, once
+
+
 @cache
 def _program(rule: str) -> celpy.Runner:
-    env = celpy.Environment()
-    return env.program(env.compile(rule), functions={"isQuantity": _is_quantity})
+    return _ENVIRONMENT.program(_ENVIRONMENT.compile(rule), functions={"isQuantity": _is_quantity})
+
+
+def broken(
+    rules: tuple[CelRule, ...] | list[CelRule],
+    obj: Any,
+    schema: dict[str, Any] | None = None,
+    defs: dict[str, Any] | None = None,
+) -> list[CelRule]:
+    """The non-transition `rules` that `obj` (the JSON form the API server would see) breaks.
+
+    With the `schema` of the node the rules are attached to, `obj` is first shown as the server
+    shows it to CEL (`cel_view`: escaped property names); without one it is taken as is.
+    Results are remembered: cel-python interprets a rule in about 2 ms, and objects repeat (every
+    job has the same defaulted sections; a fuzzed job differs from its base in one field).
+    """
+    value = obj if schema is None else cel_view(obj, schema, defs)
+    key = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    activation: dict[str, Any] | None = None
+    failed = []
+    for rule in rules:
+        if rule.is_transition:
+            continue
+        result = _RESULTS.get((rule.rule, key))
+        if result is None:
+            if activation is None:
+                activation = {"self": celpy.json_to_cel(value)}
+            result = _RESULTS[(rule.rule, key)] = _evaluate(rule.rule, activation)
+        if not result:
+            failed.append(rule)
+    if len(_RESULTS) > _MAX_RESULTS:
+        _RESULTS.clear()
+    return failed
 
 
 def holds(
@@ -170,13 +205,19 @@ def holds(
     schema: dict[str, Any] | None = None,
     defs: dict[str, Any] | None = None,
 ) -> bool:
-    """Evaluate a non-transition rule against `obj` (the JSON form the API server would see).
+    """Whether `obj` satisfies a non-transition `rule` (see `broken`)."""
+    return not broken((rule,), obj, schema, defs)
 
-    With the `schema` of the node the rule is attached to, `obj` is first shown as the server
-    shows it to CEL (`cel_view`: escaped property names); without one it is taken as is.
-    """
-    value = obj if schema is None else cel_view(obj, schema, defs)
-    result = _program(rule.rule).evaluate({"self": celpy.json_to_cel(value)})
+
+_RESULTS: dict[tuple[str, str], bool] = {}
+_MAX_RESULTS = 65536
+
+
+def _evaluate(rule: str, activation: dict[str, Any]) -> bool:
+    try:
+        result = _program(rule).evaluate(activation)
+    except celpy.CELEvalError:  # raised rather than returned, for some type errors
+        return False
     if isinstance(result, Exception):
         # cel-python returns evaluation errors as values; the API server rejects those objects too.
         return False

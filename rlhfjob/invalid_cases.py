@@ -360,6 +360,7 @@ INVALID_CASES: list[InvalidCase] = [
     ),
     InvalidCase("cpu-two-decimal-points", _role("trainer", cpu="1.2.3"), "spec.roles.trainer.cpu"),
     InvalidCase("head-memory-bad-suffix", _spec(head={"memory": "16Gii"}), "spec.head.memory"),
+    InvalidCase("memory-as-a-boolean", _role("trainer", memory=True), "spec.roles.trainer.memory"),
     # --- Node selectors: label keys and values.
     InvalidCase(
         "node-selector-key-with-space",

@@ -16,7 +16,7 @@ from typing import Any
 
 import re2
 
-from rlhfjob.cel import CelRule, holds
+from rlhfjob.cel import CelRule, broken
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -68,10 +68,16 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
     if value is None:
         return [] if schema.get("nullable") else [f"{path}: Invalid value: null"]
     if schema.get("x-kubernetes-int-or-string"):
-        variants = [v for v in schema["anyOf"] if isinstance(value, _TYPES[v["type"]])]
+        variants = [
+            v
+            for v in schema.get("anyOf", [{"type": "integer"}, {"type": "string"}])
+            if isinstance(value, _TYPES[v["type"]]) and not isinstance(value, bool)
+        ]
         if not variants:
             return [f"{path}: must be an integer or a string"]
-        errors = _check_scalar(variants[0], value, path)
+        # The node's own bounds and pattern (KubeRay's quantities have one) and the variant's.
+        node = {k: v for k, v in schema.items() if k not in ("anyOf", "x-kubernetes-validations")}
+        errors = _check_scalar({**node, **variants[0]}, value, path)
         return errors or _check_rules(schema, value, path)
     expected = schema.get("type")
     if expected and (
@@ -106,17 +112,33 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
 
 
 def _check_rules(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    entries = schema.get("x-kubernetes-validations", [])
+    if not entries:
+        return []
+    rules = [CelRule(e["rule"], e["message"], e.get("fieldPath")) for e in entries]
     errors = []
-    for entry in schema.get("x-kubernetes-validations", []):
-        rule = CelRule(entry["rule"], entry["message"], entry.get("fieldPath"))
-        if not rule.is_transition and not holds(rule, value, schema):
-            blamed = f"{path}{rule.field_path or ''}".lstrip(".")
-            errors.append(f"{blamed}: Invalid value: {rule.message}")
+    for rule in broken(rules, value, schema):
+        blamed = f"{path}{rule.field_path or ''}".lstrip(".")
+        errors.append(f"{blamed}: Invalid value: {rule.message}")
     return errors
 
 
+_PREPARED: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def _root_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    """The CRD's schema as the server applies it, prepared once per CRD (copying it per object
+    would cost more than validating)."""
+    prepared = _PREPARED.get(id(crd))
+    if prepared is None or prepared[0] is not crd:
+        schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+        # The server validates the rest of ObjectMeta itself; the CRD may only constrain the name.
+        schema.setdefault("properties", {}).setdefault("metadata", {"type": "object"})
+        schema["properties"]["metadata"]["x-kubernetes-preserve-unknown-fields"] = True
+        prepared = _PREPARED[id(crd)] = (crd, schema)
+    return prepared[1]
+
+
 def validate_object(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
-    schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-    # The server validates the rest of ObjectMeta itself; the CRD may only constrain the name.
-    schema["properties"]["metadata"]["x-kubernetes-preserve-unknown-fields"] = True
+    schema = _root_schema(crd)
     return validate(schema, apply_defaults(schema, copy.deepcopy(obj)))
