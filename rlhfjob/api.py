@@ -77,10 +77,20 @@ def _image_pattern() -> str:
 IMAGE_PATTERN = _image_pattern()
 REWARD_FUNCTION_PATTERN = "^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 """`module:function`, as a Python import path (ASCII)."""
-RESERVED_MOUNT_PATHS = ("/dev/shm", "/etc/rlhfjob", "/tmp", "/home/ray/.cache", "/home/ray/.triton")
+SHM_PATH = "/dev/shm"
+JOB_CONFIG_DIR = "/etc/rlhfjob"
+"""The job's config (a ConfigMap, read-only) in every Ray pod."""
+WRITABLE_PATHS = {
+    "tmp": "/tmp",  # Ray's session directory, torch inductor, every library's scratch space
+    "cache": "/home/ray/.cache",  # ~/.cache: DeepSpeed ops, vLLM, Hugging Face
+    "triton": "/home/ray/.triton",  # Triton's kernel cache
+}
+"""The Ray pods' root filesystem is read-only; these are the image user's writable paths
+(emptyDirs), by volume name."""
+RESERVED_MOUNT_PATHS = (SHM_PATH, JOB_CONFIG_DIR, *WRITABLE_PATHS.values())
 """Where the operator mounts volumes in the Ray pods (`rlhf_operator.builder`): shared memory,
 the job config and the writable scratch paths. A second mount at one of them is refused."""
-READ_ONLY_MOUNT_PATHS = ("/etc/rlhfjob",)
+READ_ONLY_MOUNT_PATHS = (JOB_CONFIG_DIR,)
 """Read-only mounts: nothing can be mounted inside them."""
 
 

@@ -131,7 +131,8 @@ def test_a_name_of_the_longest_allowed_length_derives_valid_names_unshortened() 
 def test_reserved_mount_paths_are_the_operators_mounts() -> None:
     job = parse_job(valid_job())
     _, mounts = builder._volumes(job)
-    assert {mount["mountPath"] for mount in mounts} == set(api.RESERVED_MOUNT_PATHS)
+    checkpoints = {job.spec.checkpoint.path}
+    assert {mount["mountPath"] for mount in mounts} == set(api.RESERVED_MOUNT_PATHS) | checkpoints
     read_only = {mount["mountPath"] for mount in mounts if mount.get("readOnly")}
     assert read_only == set(api.READ_ONLY_MOUNT_PATHS)
 

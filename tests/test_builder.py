@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rlhf_operator import builder
+from rlhf_operator.names import short_name
 from rlhfjob.config import load_job, parse_job
 from rlhfjob.invalid_cases import merge_patch, valid_job
 
@@ -224,12 +225,11 @@ def test_labels_and_owner_reference_tie_objects_to_the_job() -> None:
 
 
 def test_long_names_are_shortened_deterministically_and_stay_unique() -> None:
-    first = _job({"metadata": {"name": "a" * 60 + "x"}})
-    second = _job({"metadata": {"name": "a" * 60 + "y"}})
-    name_first = builder.ray_cluster_name(first)
-    assert len(name_first) <= 53
-    assert name_first == builder.ray_cluster_name(first)
-    assert name_first != builder.ray_cluster_name(second)
+    first, second = "a" * 60 + "x", "a" * 60 + "y"
+    assert len(short_name(first, 53)) <= 53
+    assert short_name(first, 53) == short_name(first, 53) != short_name(second, 53)
+    longest = _job({"metadata": {"name": "a" * 53}})  # the API's limit
+    assert builder.ray_cluster_name(longest) == "a" * 53
     assert builder.ray_cluster_name(_job()) == "demo"
 
 

@@ -391,10 +391,12 @@ class StandIn:
                 local.namespace,
                 RAY_PLURAL,
                 local.name,
-                {"metadata": {"annotations": value}},
+                # The uid makes the patch fail on a successor of the same name (409/422): a
+                # torn-down cluster must not clear the new cluster's addresses.
+                {"metadata": {"uid": local.uid, "annotations": value}},
             )
         except client.ApiException as err:
-            if err.status != 404:
+            if err.status not in (404, 409, 422):
                 raise
 
     def teardown(self, uid: str, reason: str) -> None:
@@ -435,19 +437,21 @@ class StandIn:
             for c in self.clusters.values()
             for n in c.workers.values()
         )
-        seen = set()
+        # Tear down first: a deleted cluster's processes must not outlive it while a
+        # successor of the same name starts (a head takes half a minute to start here).
+        current = {rc["metadata"]["uid"] for rc in rcs}
+        for uid in list(self.clusters):
+            if uid not in current:
+                self.teardown(uid, "RayCluster deleted")
+        for rc in rcs:
+            if rc["metadata"].get("deletionTimestamp"):
+                self.teardown(rc["metadata"]["uid"], "RayCluster is being deleted")
         for rc in rcs:
             meta = rc["metadata"]
-            uid = meta["uid"]
-            seen.add(uid)
             if meta.get("deletionTimestamp"):
-                self.teardown(uid, "RayCluster is being deleted")
                 continue
             cluster_pods = by_cluster.get((meta["namespace"], meta["name"]), [])
             self._reconcile_cluster(rc, cluster_pods)
-        for uid in list(self.clusters):
-            if uid not in seen:
-                self.teardown(uid, "RayCluster deleted")
         self._write_state()
 
     def _reconcile_cluster(self, rc: dict[str, Any], pods: list[Any]) -> None:

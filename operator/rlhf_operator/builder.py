@@ -34,18 +34,13 @@ from rlhfjob.api import ElasticRoleSpec, RLHFJob, RoleSpec, Toleration
 from rlhfjob.contract import PodEnv
 from rlhfjob.contract.kuberay import RAY_API_VERSION, RAY_CLUSTER_KIND
 
-JOB_CONFIG_DIR = "/etc/rlhfjob"
+JOB_CONFIG_DIR = api.JOB_CONFIG_DIR
 JOB_CONFIG_FILE = "job.yaml"
-SHM_PATH = "/dev/shm"
-WRITABLE_PATHS = {
-    "tmp": "/tmp",  # Ray's session directory, torch inductor, every library's scratch space
-    "cache": "/home/ray/.cache",  # ~/.cache: DeepSpeed ops, vLLM, Hugging Face
-    "triton": "/home/ray/.triton",  # Triton's kernel cache
-}
-"""The root filesystem is read-only; these are the image user's writable paths (emptyDirs)."""
+SHM_PATH = api.SHM_PATH
+WRITABLE_PATHS = api.WRITABLE_PATHS
+GPU_RESOURCE = "nvidia.com/gpu"
 RAY_AUTH_TOKEN_KEY = "auth_token"
 """The key KubeRay reads the token from in `authOptions.secretName`."""
-GPU_RESOURCE = "nvidia.com/gpu"
 
 RAY_PORTS = [
     {"name": "gcs-server", "containerPort": 6379},
@@ -117,9 +112,11 @@ def _volumes(job: RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         *({"name": name, "mountPath": path} for name, path in WRITABLE_PATHS.items()),
         {"name": "job-config", "mountPath": JOB_CONFIG_DIR, "readOnly": True},
     ]
-    if job.spec.checkpoint.volume is not None:
-        volumes.append({"name": "checkpoints", **job.spec.checkpoint.volume})
-        mounts.append({"name": "checkpoints", "mountPath": job.spec.checkpoint.path})
+    # Without a volume the root filesystem, read-only, could not hold checkpoints: an emptyDir
+    # does, for the pod's lifetime (a smoke test's; real jobs name a shared volume).
+    source = job.spec.checkpoint.volume or {"emptyDir": {}}
+    volumes.append({"name": "checkpoints", **source})
+    mounts.append({"name": "checkpoints", "mountPath": job.spec.checkpoint.path})
     return volumes, mounts
 
 
