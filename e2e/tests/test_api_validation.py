@@ -7,6 +7,8 @@ server must reject each one and name the field, and accept every valid example.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,16 @@ def test_examples_are_accepted(local_cluster: LocalCluster, namespace: str, path
     body["metadata"]["namespace"] = namespace
     body["spec"]["suspend"] = True  # accepted, never run
     _create(local_cluster, namespace, body)
+    # What `rlhfjob render` prints for it, `kubectl apply` takes as it is (a dry run).
+    rendered = subprocess.run(
+        [sys.executable, "-m", "rlhfjob_cli", "render", str(path)],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    applied = local_cluster.kubectl(
+        "apply", "--server-side", "--dry-run=server", "-f", "-",
+        stdin=rendered,
+    )  # fmt: skip
+    assert "raycluster.ray.io/" in applied and "configmap/" in applied, applied
 
 
 def test_running_fields_are_immutable_but_elastic_replicas_are_not(
