@@ -13,6 +13,13 @@ Public API (also used by ``rlhfjob local up|down``)::
         Pid of each component, or None when it is not running.
     is_running() -> bool
         True when every component runs and the API server answers /readyz.
+    healthy(name) -> bool
+        Whether one component answers its health check now.
+    restart(name, *, timeout=120.0, echo=True) -> float
+        Stop one component of a running cluster (etcd or kube-apiserver) and start it again
+        in place: same data, ports, certificates and flags; wait until it, and the API server
+        when it is etcd, are healthy again. `stopped(name)` is the same as a context manager
+        (down for the body), built on `stop_component` and `start_component`.
 
 Processes run detached, in their own sessions, with output in ``<local dir>/logs/<name>.log``;
 see rlhf_local.paths for the directories and docs/local-cluster.md for the whole picture.
@@ -34,7 +41,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -510,6 +517,85 @@ def is_running() -> bool:
         return _health_checks(lay, ports)["kube-apiserver"]()
     except (OSError, ValueError, KeyError, urllib.error.URLError):
         return False
+
+
+#: Components that `restart` stops and starts in place on a running cluster, and what must
+#: be healthy again before it returns (the API server's /readyz checks etcd).
+RESTARTABLE: dict[str, tuple[str, ...]] = {
+    "etcd": ("etcd", "kube-apiserver"),
+    "kube-apiserver": ("kube-apiserver",),
+}
+
+
+def healthy(name: str) -> bool:
+    """Whether component `name` answers its health check now (False while it is down)."""
+    lay = Layout(local_dir())
+    try:
+        ports = json.loads(lay.state.read_text())["ports"]
+        return bool(_health_checks(lay, ports)[name]())
+    except (OSError, ValueError, KeyError):  # URLError, refused, reset, TLS: all OSError
+        return False
+
+
+def _restartable(name: str) -> tuple[str, ...]:
+    if name not in RESTARTABLE:
+        raise ValueError(f"{name!r} cannot be restarted in place; one of {sorted(RESTARTABLE)}")
+    return RESTARTABLE[name]
+
+
+def _kubeconfig_paths(lay: Layout) -> dict[str, Path]:
+    """The kubeconfigs `up` wrote (by identity), without rewriting them."""
+    return {
+        ident.stem: lay.kubeconfig if ident is pki.ADMIN else lay.kubeconfigs / f"{ident.stem}.yaml"
+        for ident in pki.CLIENTS
+    }
+
+
+def stop_component(name: str, *, echo: bool = True) -> None:
+    """Stop one running component (SIGTERM, like `down`); its data, ports and certificates stay.
+
+    etcd keeps its data directory, so `start_component` brings back the same cluster state.
+    """
+    _restartable(name)
+    lay = Layout(local_dir())
+    with procs.file_lock(lay.root):
+        if not procs.stop(lay.pid(name)):
+            raise RuntimeError(f"{name} is not running")
+    _echo(echo, f"stopped {name}")
+
+
+def start_component(name: str, *, timeout: float = 120.0, echo: bool = True) -> float:
+    """Start a component `stop_component` stopped, with the flags `up` gives it, and wait until
+    it and what depends on it are healthy; return the seconds that took."""
+    must_be_healthy = _restartable(name)
+    started = time.monotonic()
+    bins = binaries()
+    lay = Layout(local_dir())
+    with procs.file_lock(lay.root):
+        ports = json.loads(lay.state.read_text())["ports"]
+        _start_missing((name,), bins, lay, ports, _kubeconfig_paths(lay), echo)
+        _wait_healthy(must_be_healthy, _health_checks(lay, ports), lay, timeout)
+    took = time.monotonic() - started
+    _echo(echo, f"{name} healthy again after {took:.1f}s")
+    return took
+
+
+@contextlib.contextmanager
+def stopped(name: str, *, timeout: float = 120.0, echo: bool = True) -> Iterator[None]:
+    """Keep `name` stopped while the body runs, then start it again and wait until healthy."""
+    stop_component(name, echo=echo)
+    try:
+        yield
+    finally:
+        start_component(name, timeout=timeout, echo=echo)
+
+
+def restart(name: str, *, timeout: float = 120.0, echo: bool = True) -> float:
+    """Stop and start one component in place; return the seconds from stop to healthy."""
+    started = time.monotonic()
+    with stopped(name, timeout=timeout, echo=echo):
+        pass
+    return time.monotonic() - started
 
 
 def _orphans(lay: Layout) -> list[int]:
