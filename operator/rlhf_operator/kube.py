@@ -49,6 +49,10 @@ def load_kube_config() -> client.ApiClient:
     return client.ApiClient()
 
 
+REQUEST_TIMEOUT = (5, 30)
+"""Seconds to connect and to read, for every call to the API server."""
+
+
 class Kube:
     """`ports.KubePort` over the Kubernetes client, each call on a worker thread."""
 
@@ -61,7 +65,16 @@ class Kube:
         self._events_forbidden_logged = False
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # Every API call times out: an API server waiting on a lost etcd would otherwise hold a
+        # worker thread (and the job's reconcile) for as long as it waits.
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
         return await asyncio.to_thread(partial(fn, *args, **kwargs))
+
+    async def _discover(self, manifest: dict[str, Any]) -> Any:
+        """The dynamic client's resource for a manifest (discovery, cached after the first)."""
+        return await asyncio.to_thread(
+            self.dynamic.resources.get, api_version=manifest["apiVersion"], kind=manifest["kind"]
+        )
 
     @property
     def dynamic(self) -> dynamic.DynamicClient:
@@ -116,9 +129,7 @@ class Kube:
 
     async def apply(self, manifest: dict[str, Any]) -> None:
         """Server-side apply: unchanged manifests change nothing, and others' fields survive."""
-        resource = await self._run(
-            self.dynamic.resources.get, api_version=manifest["apiVersion"], kind=manifest["kind"]
-        )
+        resource = await self._discover(manifest)
         try:
             await self._run(
                 self.dynamic.server_side_apply,
@@ -134,9 +145,7 @@ class Kube:
             raise
 
     async def create_if_missing(self, manifest: dict[str, Any]) -> None:
-        resource = await self._run(
-            self.dynamic.resources.get, api_version=manifest["apiVersion"], kind=manifest["kind"]
-        )
+        resource = await self._discover(manifest)
         try:
             with contextlib.suppress(dynamic.exceptions.ConflictError):  # it exists: keep it
                 await self._run(

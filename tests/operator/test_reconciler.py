@@ -736,7 +736,7 @@ class _Core:
         self.fail = fail
         self.selectors: list[str] = []
 
-    def list_namespaced_event(self, namespace: str, field_selector: str) -> Any:
+    def list_namespaced_event(self, namespace: str, field_selector: str, **_: Any) -> Any:
         self.selectors.append(field_selector)
         if self.fail is not None:
             raise self.fail
