@@ -21,6 +21,11 @@ drivers) are found by a marker in their environment and killed too, as they woul
 their pod. A lost head is killed at once and before its workers, as a lost node dies. Every Ray
 path lives under ``--temp-root`` so `down` can sweep leftovers. Run as
 ``python -m rlhf_local.standin --kubeconfig ...``.
+
+``--max-clusters N`` (default: the environment's ``RLHF_STANDIN_MAX_CLUSTERS``, else no limit)
+runs at most N Ray clusters at a time; the other RayClusters get no dashboard until one goes.
+``0`` turns the stand-in off: it reads nothing and starts nothing (the operator's scale
+benchmark runs hundreds of jobs that way), but still says it is ready.
 """
 
 from __future__ import annotations
@@ -56,6 +61,19 @@ JOIN_TIMEOUT = 90.0
 """Seconds a worker node may take to join its head before it is started again."""
 HEAD_START_TIMEOUT = 180.0
 POLL_SECONDS = 1.0
+MAX_CLUSTERS_ENV = "RLHF_STANDIN_MAX_CLUSTERS"
+
+
+def max_clusters_from_env() -> int | None:
+    """`RLHF_STANDIN_MAX_CLUSTERS` as a number (None: unset or empty, no limit)."""
+    value = os.environ.get(MAX_CLUSTERS_ENV, "").strip()
+    if not value:
+        return None
+    limit = int(value)
+    if limit < 0:
+        raise ValueError(f"{MAX_CLUSTERS_ENV} must be 0 or more, not {value}")
+    return limit
+
 
 log = logging.getLogger("standin")
 
@@ -229,8 +247,17 @@ def _pod_ready(pod: Any) -> bool:
 class StandIn:
     """Reconciles RayClusters and their pods against the local Ray processes it runs."""
 
-    def __init__(self, temp_root: Path, state_dir: Path, log_dir: Path, kubeconfig: Path) -> None:
+    def __init__(
+        self,
+        temp_root: Path,
+        state_dir: Path,
+        log_dir: Path,
+        kubeconfig: Path,
+        max_clusters: int | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
+        self.max_clusters = max_clusters
+        """At most this many Ray clusters at a time (None: no limit; 0: the stand-in is off)."""
         self.custom = client.CustomObjectsApi()
         self.core = client.CoreV1Api()
         self.temp_root = temp_root
@@ -475,6 +502,8 @@ class StandIn:
                 return
             if self._backing_off(uid):
                 return
+            if self.max_clusters is not None and len(self.clusters) >= self.max_clusters:
+                return  # limited: this one waits for a slot
             try:
                 local = self._start_head(rc, head_pod)
             except RuntimeError as err:
@@ -542,6 +571,12 @@ class StandIn:
     def run(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         ready = self.state_dir / "ready"
+        if self.max_clusters == 0:
+            log.info("off (%s=0): no Ray clusters, no reads", MAX_CLUSTERS_ENV)
+            self._write_state()
+            ready.write_text(f"{os.getpid()}\n")
+            self.stopping.wait()
+            return
         while not self.stopping.is_set():
             try:
                 self.reconcile()
@@ -561,12 +596,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--temp-root", type=Path, required=True)
     parser.add_argument("--log-dir", type=Path, required=True, help="one log per Ray node")
+    parser.add_argument(
+        "--max-clusters",
+        type=int,
+        default=max_clusters_from_env(),
+        help=f"at most this many Ray clusters at a time; 0: off (default: ${MAX_CLUSTERS_ENV})",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout
     )
     config.load_kube_config(config_file=args.kubeconfig)
-    standin = StandIn(args.temp_root, args.state_dir, args.log_dir, Path(args.kubeconfig))
+    standin = StandIn(
+        args.temp_root, args.state_dir, args.log_dir, Path(args.kubeconfig), args.max_clusters
+    )
 
     def stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)

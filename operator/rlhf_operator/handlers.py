@@ -5,18 +5,30 @@ idempotent `Reconciler.reconcile`. When the policy says something is due sooner 
 (a backoff, a deadline), a one-off kick is scheduled for then. `registry(settings)` registers the
 handlers for one operator; the settings arrive as an argument (kopf fixes a timer's interval when
 it is registered), never through the environment.
+
+The Kubernetes client blocks, so its calls run on `KUBE_THREADS` threads, served by urgency: the
+reconciles of a job that was created, resumed or changed go before those of the timer and of
+RayCluster events, and older reconciles before newer ones. So when many jobs arrive at once, each
+new job's RayCluster is created in the order the jobs came, not after everyone's timer ticks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import heapq
+import itertools
 import logging
+import queue
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiohttp
 import kopf
+from kubernetes import client
 
 from rlhf_operator.kube import Kube, load_kube_config
 from rlhf_operator.lifecycle import Event
@@ -46,6 +58,60 @@ class OperatorSettings:
     """What a job may ask for (volume types, ServiceAccounts)."""
 
 
+KUBE_THREADS = 16
+"""Threads for the blocking Kubernetes client, and its connection pool's size (the client's
+default pool, 5 per core, would open and drop a connection for every call beyond it)."""
+URGENT, ROUTINE = 0, 1
+_urgency: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
+    "rlhf_operator_urgency", default=(ROUTINE, 0)
+)
+"""(URGENT or ROUTINE, the reconcile's number) of the reconcile running in this context."""
+_LAST = (ROUTINE + 1, 0)
+
+
+class _UrgencyQueue:
+    """The work queue of `UrgencyExecutor`: what the queue's `put` is called under (the
+    submitting task's `_urgency`) orders the work; shutdown's None sentinels come last."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple[int, int], int, Any]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        key = _LAST if item is None else _urgency.get()
+        with self._ready:
+            heapq.heappush(self._heap, (key, next(self._order), item))
+            self._ready.notify()
+
+    def put_nowait(self, item: Any) -> None:
+        self.put(item)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        with self._ready:
+            while not self._heap:
+                if not block or not self._ready.wait(timeout):
+                    raise queue.Empty
+            return heapq.heappop(self._heap)[2]
+
+    def get_nowait(self) -> Any:
+        return self.get(block=False)
+
+    def qsize(self) -> int:
+        return len(self._heap)
+
+    def empty(self) -> bool:
+        return not self._heap
+
+
+class UrgencyExecutor(ThreadPoolExecutor):
+    """A thread pool that runs the most urgent, then the oldest, reconcile's calls first."""
+
+    def __init__(self, max_workers: int = KUBE_THREADS) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix="kube")
+        self._work_queue = cast(Any, _UrgencyQueue())
+
+
 def _emit(body: dict[str, Any], event: Event) -> None:
     # kopf types this as its Body wrapper; a plain object dict carries the same reference fields.
     kopf.event(cast(Any, body), type=event.type, reason=event.reason, message=event.message)
@@ -57,6 +123,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     handlers = kopf.OperatorRegistry()
     state: dict[str, Any] = {}
     kicks: dict[tuple[str, str], asyncio.TimerHandle] = {}
+    numbers = itertools.count(1)
 
     def reconciler() -> Reconciler:
         found: Reconciler = state["reconciler"]
@@ -73,8 +140,12 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         metrics = OperatorMetrics()
         if operator_settings.metrics_port:
             metrics.serve(operator_settings.metrics_port)
+        # `asyncio.to_thread` (the Kubernetes calls) and aiohttp's name lookups use this one.
+        asyncio.get_running_loop().set_default_executor(UrgencyExecutor(KUBE_THREADS))
         session = aiohttp.ClientSession()
-        kube = Kube(load_kube_config())
+        configuration = load_kube_config().configuration
+        configuration.connection_pool_maxsize = KUBE_THREADS
+        kube = Kube(client.ApiClient(configuration))
         state.update(
             session=session,
             reconciler=Reconciler(
@@ -92,13 +163,16 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         if session := state.get("session"):
             await session.close()
 
-    async def kick(namespace: str, name: str) -> None:
+    async def kick(namespace: str, name: str, *, urgent: bool = False) -> None:
         """Reconcile now; if something is due before the next timer tick, come back for it."""
+        token = _urgency.set((URGENT if urgent else ROUTINE, next(numbers)))
         try:
             due = await reconciler().reconcile(namespace, name)
         except Exception:  # a bug or an API-server error: logged with its traceback, retried
             log.exception("%s/%s: reconcile failed; the timer retries", namespace, name)
             return
+        finally:
+            _urgency.reset(token)
         if due is not None and due < operator_settings.timer_interval:
             if (old := kicks.pop((namespace, name), None)) is not None:
                 old.cancel()
@@ -111,7 +185,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, registry=handlers)
     @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec", registry=handlers)
     async def job_changed(namespace: str | None, name: str, **_: Any) -> None:
-        await kick(namespace or "default", name)
+        await kick(namespace or "default", name, urgent=True)
 
     @kopf.timer(
         api.GROUP,
@@ -119,6 +193,8 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         api.PLURAL,
         interval=settings.timer_interval,
         idle=0,
+        # Its first tick one interval on: creation and resumption kick already.
+        initial_delay=settings.timer_interval,
         registry=handlers,
     )
     async def job_timer(namespace: str | None, name: str, **_: Any) -> None:

@@ -90,6 +90,9 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     """Seconds until something time-based is due (a deadline, a backoff); None: the timer."""
+    dashboard_retry_at: datetime | None = None
+    """Set while the dashboard does not answer: before then, the reconciler does not ask it
+    again (it reuses the last answer); None: ask on every reconcile."""
 
 
 # Condition types the operator maintains.
@@ -117,6 +120,9 @@ PODS_NOT_READY = "PodsNotReady"
 """No cause known: the pods are starting."""
 
 SUBMIT_RETRY_SECONDS = 5.0
+DASHBOARD_RETRY_SECONDS = (5.0, 60.0)
+"""The wait between asking a dashboard that does not answer, first and at most: it doubles from
+the first to the second, counted from when it stopped answering (`dashboard_retry_at`)."""
 APPLY_RETRY_SECONDS = (2.0, 60.0)
 """The wait before applying a refused object again grows with how long it has been refused,
 within these bounds (the operator's timer re-reads the world meanwhile anyway)."""
@@ -172,6 +178,24 @@ def _aware(value: Any) -> Any:
     return value
 
 
+def dashboard_retry_at(since: datetime, now: datetime) -> datetime:
+    """When to ask a dashboard silent since `since` again: the first point after `now` of the
+    schedule since + 5, + 15, + 35, + 75, + 135, ... s (waits doubling to 60 s, then 60 s).
+
+    A function of `since` alone, so every reconcile between two asks finds the same next one.
+    """
+    low, high = DASHBOARD_RETRY_SECONDS
+    elapsed = (now - since).total_seconds()
+    offset, step = 0.0, low
+    while step < high:
+        offset += step
+        if offset > elapsed:
+            return _after(since, offset)
+        step *= 2
+    capped = max(0, int((elapsed - offset) // high) + 1)
+    return _after(since, offset + capped * high)
+
+
 def backoff_seconds(job: RLHFJob, restarts: int) -> float:
     """Exponential backoff before restart number `restarts` (1-based), capped."""
     recovery = job.spec.recovery
@@ -191,6 +215,11 @@ class _Planner:
         self.previous_phase = previous.phase
         self.spec_changed = previous.observed_generation != seen.job.metadata.generation
         self.plan = Plan(status=previous.model_copy(deep=True))
+        self.observed_conditions = {c.type: c for c in previous.conditions}
+        """The conditions as the status held them before this plan: a condition that ends the
+        plan with the status it had keeps its transition time, even if a step in between set
+        it otherwise (e.g. DashboardReachable True, then False again for a refused submission),
+        so an unchanged world writes nothing."""
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -217,6 +246,9 @@ class _Planner:
         existing = next((c for c in self.status.conditions if c.type == type_), None)
         changed = existing is None or existing.status != value
         when = self.seen.now if changed or existing is None else existing.last_transition_time
+        observed = self.observed_conditions.get(type_)
+        if observed is not None and observed.status == value and observed.last_transition_time:
+            when = observed.last_transition_time
         updated = Condition(
             type=type_,
             status=value,
@@ -232,6 +264,7 @@ class _Planner:
     def forget_condition(self, type_: str) -> None:
         """Drop a condition, so that the next `condition` of that type starts its own clock."""
         self.status.conditions = [c for c in self.status.conditions if c.type != type_]
+        self.observed_conditions.pop(type_, None)
 
     def waited(self, since: datetime) -> float:
         """Seconds from `since` to now (0 when `since` is in the future)."""
@@ -504,12 +537,15 @@ class _Planner:
         """
         waited = (self.seen.now - since).total_seconds()
         grace = self.job.spec.liveness.heartbeat_timeout_seconds
-        message = f"the Ray head pod has not been ready for {waited:.0f}s"
-        self.condition(CLUSTER_READY, False, "HeadPodNotReady", message)
         if waited < grace:
+            # The time it went, not how long ago: the same words on every reconcile, no write.
+            message = f"the Ray head pod has not been ready since {since:%H:%M:%S}Z"
+            self.condition(CLUSTER_READY, False, "HeadPodNotReady", message)
             self.status.message = message
             self.requeue(grace - waited)
             return
+        message = f"the Ray head pod has not been ready for {waited:.0f}s"
+        self.condition(CLUSTER_READY, False, "HeadPodNotReady", message)
         self.recreate_cluster(RestartReason.HEAD_LOST, message, last_alive=since)
 
     def head_replaced(self, cluster: ClusterView) -> bool:
@@ -528,15 +564,24 @@ class _Planner:
         return True
 
     def dashboard_unreachable(self, error: str) -> None:
+        """Wait for a dashboard that does not answer, asking it less and less often (5 s, then
+        up to 60 s apart: `dashboard_retry_at`); the timer's reconciles in between reuse the
+        last answer. Once the trainer was submitted, a dashboard still silent at
+        `clusterRecoveryTimeoutSeconds` is asked at that moment, and recreated if it is."""
         since = self.since(DASHBOARD_REACHABLE, "False")
         self.condition(DASHBOARD_REACHABLE, False, "Unreachable", error)
-        limit = self.job.spec.recovery.cluster_recovery_timeout_seconds
-        waited = (self.seen.now - since).total_seconds()
-        if self.status.submission_id is not None and waited >= limit:
-            message = f"the Ray dashboard has not answered for {waited:.0f}s: {error}"
-            self.recreate_cluster(RestartReason.CLUSTER_UNHEALTHY, message, last_alive=since)
-            return
-        self.requeue(min(5.0, max(limit - waited, 0.5)))
+        retry = dashboard_retry_at(since, self.seen.now)
+        if self.status.submission_id is not None:
+            limit = self.job.spec.recovery.cluster_recovery_timeout_seconds
+            waited = (self.seen.now - since).total_seconds()
+            if waited >= limit:
+                message = f"the Ray dashboard has not answered for {waited:.0f}s: {error}"
+                self.recreate_cluster(RestartReason.CLUSTER_UNHEALTHY, message, last_alive=since)
+                return
+            deadline = _after(since, limit)
+            retry = min(retry, deadline)
+            self.requeue(limit - waited)  # a kick at the deadline, not the next timer tick
+        self.plan.dashboard_retry_at = retry
 
     def follow_ray_job(self) -> None:
         ray_job = self.seen.ray_job
@@ -679,7 +724,9 @@ class _Planner:
                 self.act(StopRayJob(ray_job.submission_id))
                 self.restart(RestartReason.TRAINER_STALLED, evidence, last_alive=beat.step_changed)
                 return True
-        self.condition(HEALTHY, True, "Heartbeating", f"step {beat.step}, renewed {stale:.0f}s ago")
+        # Not "renewed Ns ago": a message that changes on every reconcile is a write each time
+        # (the renewal itself is status.lastHeartbeatTime).
+        self.condition(HEALTHY, True, "Heartbeating", f"step {beat.step}")
         self.requeue(liveness.heartbeat_timeout_seconds - stale + 0.5)
         return False
 

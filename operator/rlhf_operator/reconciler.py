@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,7 +42,9 @@ from rlhf_operator.ports import (
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.views import (
     ApplyRefusal,
+    ClusterView,
     Observed,
+    RayJobView,
     apply_refusal,
     cluster_view,
     cluster_warning,
@@ -69,6 +71,18 @@ MAX_DECISIONS = 3
 decision knows the failures before it, so the policy never plans the same failed action)."""
 
 
+@dataclass(frozen=True)
+class _SilentDashboard:
+    """A dashboard that did not answer, and when the policy wants it asked again
+    (`Plan.dashboard_retry_at`); until then reconciles reuse `error` instead of asking."""
+
+    cluster: tuple[str, datetime, str, int | None]
+    """The RayCluster (name, creation), the dashboard's address and the job's generation it
+    was asked for: a new cluster, address or spec is asked at once."""
+    error: str
+    retry_at: datetime
+
+
 class Reconciler:
     def __init__(
         self,
@@ -89,6 +103,12 @@ class Reconciler:
         self.clock = clock
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._phases: dict[tuple[str, str], str] = {}
+        self._silent: dict[tuple[str, str], _SilentDashboard] = {}
+        self._parsed: dict[tuple[str, str], tuple[tuple[Any, Any], RLHFJob]] = {}
+        """Each job as last parsed, by the uid and resourceVersion it was parsed at: a job the
+        timer finds unchanged is not validated again (most of a quiet reconcile's CPU)."""
+        self.dashboard_asks = 0
+        """How many times a dashboard was asked for a job's state (for tests and benchmarks)."""
 
     async def reconcile(self, namespace: str, name: str) -> float | None:
         """Bring one job one step closer to what it asks for; returns seconds until due again."""
@@ -108,7 +128,9 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
+        self._parsed.pop((namespace, name), None)
         self._phases.pop((namespace, name), None)
+        self._silent.pop((namespace, name), None)
         self._update_phase_gauge()
 
     async def _reconcile(self, namespace: str, name: str) -> float | None:
@@ -117,7 +139,7 @@ class Reconciler:
             self.forget(namespace, name)
             return None
         try:
-            job = parse_job(body, f"{namespace}/{name}")
+            job = self._parse(body, f"{namespace}/{name}")
         except InvalidJobError as error:
             await self._reject(body, error)
             return None
@@ -139,46 +161,100 @@ class Reconciler:
             seen, plan = news, decide(news)  # it did not happen after all: news for the policy
         await self._write_status(job, body, plan.status)
         self._record_metrics(job, seen, plan)
+        self._remember_silence(job, seen, plan)
         return plan.requeue_after
 
+    def _parse(self, body: dict[str, Any], source: str) -> RLHFJob:
+        """`parse_job`, once per version of the object (the API server gives every change a
+        new resourceVersion); the parsed job is only read, never changed."""
+        metadata = body["metadata"]
+        key = (metadata.get("namespace", "default"), metadata["name"])
+        version = (metadata.get("uid"), metadata.get("resourceVersion"))
+        cached = self._parsed.get(key)
+        if cached is not None and version[1] is not None and cached[0] == version:
+            return cached[1]
+        job = parse_job(body, source)
+        self._parsed[key] = (version, job)
+        return job
+
     async def observe(self, job: RLHFJob, body: dict[str, Any]) -> Observed:
+        """Read the job's world: the RayCluster and the Lease at once, then (from what the
+        RayCluster says) its pods, KubeRay's Warnings and the Ray job at once."""
         namespace = job.metadata.namespace
         now = self.clock()
         created = parse_time(body["metadata"].get("creationTimestamp")) or now
         status = job.status or RLHFJobStatus()
-        cluster_body = await self.kube.get_ray_cluster(namespace, names.ray_cluster_name(job))
-        pods = []
-        if cluster_body is not None:
-            pods = await self.kube.cluster_pods(namespace, names.ray_cluster_name(job))
-        cluster = cluster_view(job, cluster_body, pods, now)
+        name = names.ray_cluster_name(job)
+        cluster_body, lease = await asyncio.gather(
+            self.kube.get_ray_cluster(namespace, name),
+            self.kube.get_lease(namespace, names.heartbeat_lease_name(job)),
+        )
         ray_job = previous_ray_job = dashboard_error = problem = warning = None
-        attempt = names.submission_id(job, status.restart_count)
-        if cluster and cluster.ready and not cluster.deleting and cluster.dashboard:
-            dashboard = self._dashboard(job, cluster.dashboard)
-            try:
-                ray_job = await self.ray_jobs.status(dashboard, attempt)
-                if ray_job is None and status.restart_count > 0:
-                    previous = names.submission_id(job, status.restart_count - 1)
-                    previous_ray_job = await self.ray_jobs.status(dashboard, previous)
-            except DashboardUnavailableError as error:
-                dashboard_error = error_text(error)
-        elif cluster and not cluster.ready and not cluster.deleting and cluster_body is not None:
-            # Why the pods are not there yet; read only now, so a ready cluster costs nothing.
-            problem = scheduling_problem(pods)
-            events = await self.kube.cluster_events(namespace, cluster.name)
-            warning = cluster_warning(events, cluster_body, pods, now)
-        lease = await self.kube.get_lease(namespace, names.heartbeat_lease_name(job))
+        pods: list[Any] = []
+        if cluster_body is not None:
+            # Ready, deleting and the dashboard come from the RayCluster alone.
+            shell = cluster_view(job, cluster_body, [], now)
+            assert shell is not None
+            reads: list[Any] = [self.kube.cluster_pods(namespace, name)]
+            if shell.ready and not shell.deleting and shell.dashboard:
+                reads.append(self._ask_dashboard(job, shell, status.restart_count, now))
+            elif not shell.ready and not shell.deleting:
+                # Why the pods are not there yet; read only now, so a ready cluster costs nothing.
+                reads.append(self.kube.cluster_events(namespace, name))
+            found = await asyncio.gather(*reads)
+            pods = found[0]
+            if shell.ready and not shell.deleting and shell.dashboard:
+                ray_job, previous_ray_job, dashboard_error = found[1]
+            elif not shell.ready and not shell.deleting:
+                problem = scheduling_problem(pods)
+                warning = cluster_warning(found[1], cluster_body, pods, now)
         return Observed(
             job=job,
             now=now,
             created=created,
-            cluster=cluster,
+            cluster=cluster_view(job, cluster_body, pods, now),
             ray_job=ray_job,
             previous_ray_job=previous_ray_job,
             dashboard_error=dashboard_error,
             heartbeat=heartbeat_from_lease(lease),
             scheduling_problem=problem,
             cluster_warning=warning,
+        )
+
+    async def _ask_dashboard(
+        self, job: RLHFJob, cluster: ClusterView, restart_count: int, now: datetime
+    ) -> tuple[RayJobView | None, RayJobView | None, str | None]:
+        """This attempt's Ray job (and the previous one's, when there is no current one), or
+        why the dashboard did not answer. A dashboard that did not answer is not asked again
+        before the policy's retry time: the last answer stands until then."""
+        assert cluster.dashboard is not None
+        silent = self._silent.get((job.metadata.namespace, job.metadata.name))
+        if (
+            silent is not None
+            and silent.cluster == _silence_key(job, cluster)
+            and now < silent.retry_at
+        ):
+            return None, None, silent.error
+        dashboard = self._dashboard(job, cluster.dashboard)
+        self.dashboard_asks += 1
+        try:
+            ray_job = await self.ray_jobs.status(dashboard, names.submission_id(job, restart_count))
+            previous = None
+            if ray_job is None and restart_count > 0:
+                previous_id = names.submission_id(job, restart_count - 1)
+                previous = await self.ray_jobs.status(dashboard, previous_id)
+        except DashboardUnavailableError as error:
+            return None, None, error_text(error)
+        return ray_job, previous, None
+
+    def _remember_silence(self, job: RLHFJob, seen: Observed, plan: Plan) -> None:
+        key = (job.metadata.namespace, job.metadata.name)
+        cluster = seen.cluster
+        if plan.dashboard_retry_at is None or seen.dashboard_error is None or cluster is None:
+            self._silent.pop(key, None)
+            return
+        self._silent[key] = _SilentDashboard(
+            _silence_key(job, cluster), seen.dashboard_error, plan.dashboard_retry_at
         )
 
     async def act(
@@ -221,22 +297,42 @@ class Reconciler:
         return None
 
     async def _apply(self, job: RLHFJob) -> ApplyRefusal | None:
-        """Apply the job's objects in order; the first the API server refuses, if any."""
+        """Apply the job's objects, those that need nothing of each other at once: first what
+        the RayCluster's pods need (ServiceAccount, Role, Secret, NetworkPolicy, ConfigMap) and
+        the heartbeat Lease, then the RoleBinding (the API server checks the Role it binds), then
+        the RayCluster. Returns the first refusal in the builder's order; after one, the later
+        stages are not applied."""
         owned = builder.build_owned_objects(
             job, self.ray_auth.token(job), self.policy.operator_namespace
         )
         lease = builder.build_heartbeat_lease(job)
-        for manifest in [*owned, lease]:
-            try:
-                if manifest is lease:
-                    await self.kube.create_if_missing(manifest)
-                else:
-                    await self.kube.apply(manifest)
-            except ApplyRefusedError as error:
-                # Only the Status words, with the manifest's Secret values taken out.
-                refusal = apply_refusal(manifest, error.code, error.reason, error.message)
-                log.warning("%s/%s: %s", job.metadata.namespace, job.metadata.name, refusal.text)
+        later = ("RoleBinding", "RayCluster")
+        assert [m["kind"] for m in owned if m["kind"] in later] == list(later)
+        stages = [
+            [*(m for m in owned if m["kind"] not in later), lease],
+            *([m for m in owned if m["kind"] == kind] for kind in later),
+        ]
+        for stage in stages:
+            refusals = await asyncio.gather(
+                *(self._apply_one(job, m, create_only=m is lease) for m in stage)
+            )
+            if (refusal := next((r for r in refusals if r is not None), None)) is not None:
                 return refusal
+        return None
+
+    async def _apply_one(
+        self, job: RLHFJob, manifest: dict[str, Any], *, create_only: bool = False
+    ) -> ApplyRefusal | None:
+        try:
+            if create_only:
+                await self.kube.create_if_missing(manifest)
+            else:
+                await self.kube.apply(manifest)
+        except ApplyRefusedError as error:
+            # Only the Status words, with the manifest's Secret values taken out.
+            refusal = apply_refusal(manifest, error.code, error.reason, error.message)
+            log.warning("%s/%s: %s", job.metadata.namespace, job.metadata.name, refusal.text)
+            return refusal
         return None
 
     def _dashboard(self, job: RLHFJob, url: str) -> Dashboard:
@@ -320,6 +416,10 @@ class Reconciler:
         for phase in self._phases.values():
             counts[phase] = counts.get(phase, 0) + 1
         self.metrics.set_phase_counts(counts)
+
+
+def _silence_key(job: RLHFJob, cluster: ClusterView) -> tuple[str, datetime, str, int | None]:
+    return (cluster.name, cluster.created, cluster.dashboard or "", job.metadata.generation)
 
 
 def _newly_resumed(before: RLHFJobStatus, after: RLHFJobStatus) -> RestartRecord | None:

@@ -120,8 +120,8 @@ class Observed:
     """KubeRay's newest Warning on the RayCluster that says why its pods do not come up (read
     only while the cluster is not ready)."""
     apply_error: ApplyRefusal | None = None
-    """Set when the API server refused this reconcile's apply: that object and the ones after
-    it were not changed."""
+    """Set when the API server refused this reconcile's apply: that object was not changed,
+    nor the RayCluster, which is applied only after everything its pods need."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from rlhf_operator.lifecycle import (
     StopRayJob,
     SubmitRayJob,
     backoff_seconds,
+    dashboard_retry_at,
     decide,
     trainer_failure_summary,
 )
@@ -121,7 +122,9 @@ def test_unreachable_dashboard_is_a_condition_and_a_retry_not_a_failure() -> Non
     assert plan.status.phase == Phase.PROVISIONING
     reachable = next(c for c in plan.status.conditions if c.type == "DashboardReachable")
     assert (reachable.status, reachable.message) == ("False", "refused")
-    assert plan.requeue_after == 5
+    # Asked again at the first timer tick 5 s on (no kick of its own: nothing is due).
+    assert plan.requeue_after is None
+    assert plan.dashboard_retry_at == at(10)
 
 
 def test_running_job_reports_progress_from_the_heartbeat() -> None:
@@ -900,3 +903,114 @@ def test_a_cause_of_any_length_fits_the_status() -> None:
     assert len(cluster_ready(plan).message) == MESSAGE_LIMIT
     failed = decide(replace(seen, cluster=ready_cluster(ready=True), submit_error=huge))
     assert len(failed.status.message) == MESSAGE_LIMIT
+
+
+# -- a dashboard that does not answer, and an unchanged world (issue 13, scale) ---------------
+
+
+@pytest.mark.parametrize(
+    ("now", "retry"),
+    [(0, 5), (4.9, 5), (5, 15), (14, 15), (15, 35), (35, 75), (75, 135), (134, 135), (1000, 1035)],
+)
+def test_a_silent_dashboard_is_asked_ever_less_often_up_to_once_a_minute(
+    now: float, retry: float
+) -> None:
+    assert dashboard_retry_at(at(0), at(now)) == at(retry)
+
+
+def test_a_dashboard_that_never_answered_backs_off_without_a_deadline_or_a_hot_loop() -> None:
+    # Nothing was submitted, so no recovery deadline: past clusterRecoveryTimeoutSeconds the
+    # job still waits at the backoff's pace (it used to be kicked every 0.5 s from then on).
+    down = {"type": "DashboardReachable", "status": "False", "reason": "Unreachable",
+            "message": "refused", "lastTransitionTime": at(100).isoformat()}  # fmt: skip
+    job = make_job({"phase": "Provisioning", "observedGeneration": 1, "conditions": [down]},
+                   recovery={"clusterRecoveryTimeoutSeconds": 60})  # fmt: skip
+    for now in (101, 150, 200, 1000):
+        plan = decide(Observed(job=job, now=at(now), created=at(0), cluster=ready_cluster(),
+                               dashboard_error="refused"))  # fmt: skip
+        assert kinds(plan) == [] and plan.requeue_after is None
+        assert plan.dashboard_retry_at == dashboard_retry_at(at(100), at(now))
+        assert plan.status.phase == Phase.PROVISIONING
+
+
+def test_backing_off_never_delays_the_cluster_recovery_deadline() -> None:
+    down = {"type": "DashboardReachable", "status": "False", "reason": "Unreachable",
+            "message": "refused", "lastTransitionTime": at(100).isoformat()}  # fmt: skip
+    job = make_job(submitted(conditions=[down]), recovery={"clusterRecoveryTimeoutSeconds": 60})
+    seen = Observed(job=job, now=at(140), created=at(0), cluster=ready_cluster(),
+                    dashboard_error="refused")  # fmt: skip
+    waiting = decide(seen)
+    assert kinds(waiting) == []
+    # The backoff's next ask would be at 175 s: it is asked at the deadline instead, and the
+    # reconciler is kicked then rather than at the next timer tick.
+    assert waiting.dashboard_retry_at == at(160)
+    assert waiting.requeue_after == pytest.approx(20)
+    late = decide(replace(seen, now=at(160)))
+    assert kinds(late) == [DeleteCluster]
+    assert late.status.restart_history[-1].reason == "ClusterUnhealthy"
+    assert "has not answered for 60s" in late.status.restart_history[-1].message
+
+
+def test_an_answering_dashboard_is_asked_on_every_reconcile() -> None:
+    job = make_job(submitted())
+    plan = decide(Observed(job=job, now=at(100), created=at(0), cluster=ready_cluster(),
+                           ray_job=ray_job("RUNNING")))  # fmt: skip
+    assert plan.dashboard_retry_at is None
+
+
+def _settled(seen: Observed) -> tuple[Observed, Any]:
+    """Decide, store the status as the API server would, and decide again 5 s later."""
+    first = decide(seen)
+    job = make_job(first.status.wire(), **seen.job.spec.model_dump(by_alias=True, mode="json"))
+    return replace(seen, job=job), first
+
+
+def _unchanged_after(seen: Observed, *later: float) -> None:
+    """Reconciles at `later` seconds of a world that does not change write the same status."""
+    stored, first = _settled(seen)
+    for seconds in later:
+        again = decide(replace(stored, now=at(seconds)))
+        assert again.status.wire() == first.status.wire(), seconds
+        assert again.events == []
+
+
+def test_a_healthy_trainer_whose_lease_is_not_renewed_yet_changes_nothing() -> None:
+    beat = HeartbeatView(renewed=at(99), step=7, total_steps=10, attempt=0)
+    seen = Observed(job=make_job(submitted()), now=at(100), created=at(0),
+                    cluster=ready_cluster(), ray_job=ray_job("RUNNING"),
+                    heartbeat=beat)  # fmt: skip
+    _unchanged_after(seen, 105, 110, 130)
+    healthy = next(c for c in decide(seen).status.conditions if c.type == "Healthy")
+    assert healthy.message == "step 7"  # no "renewed 1s ago": that would change every time
+
+
+def test_a_head_pod_not_ready_within_its_grace_writes_once() -> None:
+    job = make_job(submitted(), liveness={"heartbeatTimeoutSeconds": 60})
+    seen = Observed(job=job, now=at(110), created=at(0),
+                    cluster=ready_cluster(head_not_ready_since=at(100)))  # fmt: skip
+    _unchanged_after(seen, 115, 120, 155)
+    assert decide(seen).status.message == "the Ray head pod has not been ready since 00:01:40Z"
+
+
+def test_a_submission_refused_again_keeps_its_transition_time() -> None:
+    # Each reconcile finds the dashboard answering (Reachable) and then the submission refused
+    # (SubmitFailed): the condition ends False both times, so nothing is written again.
+    job = make_job({"phase": "Provisioning", "observedGeneration": 1})
+    seen = Observed(job=job, now=at(10), created=at(0), cluster=ready_cluster(),
+                    submit_error="HTTP 500: busy")  # fmt: skip
+    _unchanged_after(seen, 15, 20)
+    stored, _ = _settled(seen)
+    reachable = next(
+        c for c in decide(replace(stored, now=at(20))).status.conditions
+        if c.type == "DashboardReachable"
+    )  # fmt: skip
+    assert (reachable.status, reachable.last_transition_time) == ("False", at(10))
+
+
+def test_a_condition_forgotten_for_a_new_provisioning_still_starts_a_new_clock() -> None:
+    suspended = decide(Observed(job=make_job(running(), suspend=True), now=at(50), created=at(0),
+                                cluster=ready_cluster()))  # fmt: skip
+    job = make_job(suspended.status.wire())
+    resumed = decide(Observed(job=job, now=at(90), created=at(0)))
+    ready = next(c for c in resumed.status.conditions if c.type == "ClusterReady")
+    assert (ready.status, ready.last_transition_time) == ("False", at(90))

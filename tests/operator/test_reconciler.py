@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -321,11 +322,11 @@ def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:
     assert kinds == [
         "ServiceAccount",
         "Role",
-        "RoleBinding",
         "Secret",
         "NetworkPolicy",
         "ConfigMap",
-        "RayCluster",
+        "RoleBinding",  # after the Role it binds
+        "RayCluster",  # after everything its pods need
     ]
     assert names.heartbeat_lease_name(parse_job(world.kube.jobs[NAME])) in world.kube.leases
     assert world.status["phase"] == "Provisioning"
@@ -552,9 +553,12 @@ def test_a_forbidden_object_is_shown_retried_and_created_once_allowed() -> None:
     assert (ready["status"], ready["reason"]) == ("False", "ApplyRefused")
     assert FORBIDDEN_ROLE in ready["message"]
     assert due is not None and due <= 5  # soon again, not only at the timer's pace
-    assert [m["kind"] for m in world.kube.applied] == ["ServiceAccount"]
+    # What the pods need is applied at once; the RoleBinding and the RayCluster only once all
+    # of it was taken.
+    others = ["ServiceAccount", "Secret", "NetworkPolicy", "ConfigMap"]
+    assert [m["kind"] for m in world.kube.applied] == others
     world.reconcile(3)
-    assert [m["kind"] for m in world.kube.applied] == ["ServiceAccount"] * 2  # tried again
+    assert [m["kind"] for m in world.kube.applied] == others * 2  # tried again
     del world.kube.refusing["Role"]  # RBAC granted
     world.reconcile(6)
     assert "RayCluster" in [m["kind"] for m in world.kube.applied]
@@ -756,3 +760,107 @@ def test_the_kube_port_reads_the_warnings_on_one_raycluster() -> None:
     kube.core = _Core(ApiException(status=500, reason="etcd"))  # type: ignore[assignment]
     with pytest.raises(ApiException):
         asyncio.run(kube.cluster_events("ns", "job"))
+
+
+# -- many jobs: backing off from silent dashboards, writing only what changed (issue 13) -----
+
+
+def _ticks(start: float, stop: float, every: float = 5.0) -> list[float]:
+    return [start + i * every for i in range(int((stop - start) / every) + 1)]
+
+
+def test_a_silent_dashboard_is_not_asked_on_every_tick_and_nothing_is_written() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: refused")
+    asked: list[float] = []
+    for seconds in _ticks(1, 601):  # the timer, every 5 s for ten minutes
+        before = world.reconciler.dashboard_asks
+        assert world.reconcile(seconds) is None  # nothing due: no kick besides the timer
+        if world.reconciler.dashboard_asks > before:
+            asked.append(seconds)
+    # Asked at the ticks on or after 1 + 5, 15, 35, 75, 135, ... s: then once a minute.
+    assert asked[:6] == [1, 6, 16, 36, 76, 136]
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert max(gaps) <= 60 and len(asked) <= 15  # of 121 ticks
+    assert [p.get("conditions") is not None for p in world.kube.status_patches] == [True, True]
+    reachable = world.condition("DashboardReachable")
+    assert (reachable["status"], reachable["lastTransitionTime"]) == (
+        "False", "2026-01-01T00:00:01Z"
+    )  # fmt: skip
+
+
+def test_a_dashboard_that_answers_again_is_seen_at_the_next_ask() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: refused")
+    for seconds in _ticks(1, 76):
+        world.reconcile(seconds)
+    del world.ray.failing["status"]  # back at 80 s; the next ask is due at 136 s
+    world.reconcile(131)
+    assert world.ray.submitted == []
+    world.reconcile(136)
+    assert [s["id"] for s in world.ray.submitted] == [FIRST_ATTEMPT]
+    assert world.condition("DashboardReachable")["status"] == "True"
+
+
+def test_a_new_cluster_or_address_is_asked_at_once() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: refused")
+    for seconds in _ticks(1, 76):
+        world.reconcile(seconds)
+    asks = world.reconciler.dashboard_asks
+    annotations = world.kube.clusters[NAME]["metadata"]["annotations"]
+    annotations[contract.DASHBOARD_ANNOTATION] = "http://127.0.0.1:9999"  # a new head
+    world.reconcile(81)
+    assert world.reconciler.dashboard_asks == asks + 1
+
+
+def test_the_recovery_deadline_fires_on_time_while_backing_off() -> None:
+    world = World(recovery={"clusterRecoveryTimeoutSeconds": 100})
+    world.running()  # submitted at 1 s, RUNNING at 2 s
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: timed out")
+    dues = {seconds: world.reconcile(seconds) for seconds in _ticks(7, 102)}
+    assert "RayCluster/job" not in world.kube.deleted
+    assert dues[102] == pytest.approx(5)  # the handler kicks at 107 s, the deadline
+    world.reconcile(107)
+    assert world.kube.deleted == ["RayCluster/job"]
+    assert world.status["restartHistory"][-1]["reason"] == "ClusterUnhealthy"
+    assert world.status["restartHistory"][-1]["detectionSeconds"] == 100
+
+
+def test_an_unchanged_running_job_writes_nothing() -> None:
+    world = World()
+    world.running()
+    world.kube.beat(T0 + timedelta(seconds=3), LeaseReport(step=4, attempt=0))
+    world.reconcile(4)
+    patches = len(world.kube.status_patches)
+    for seconds in _ticks(9, 59):  # Lease renewed at 3 s, not since: nothing to write
+        world.reconcile(seconds)
+    assert len(world.kube.status_patches) == patches
+    assert world.ray.tokens  # and the dashboard was asked every time
+    assert world.reconciler.dashboard_asks >= 12
+
+
+def test_a_new_job_applies_its_objects_in_stages_each_at_once() -> None:
+    order: list[str] = []
+
+    class Slow(FakeKube):
+        async def apply(self, manifest: dict[str, Any]) -> None:
+            if manifest["kind"] == "ServiceAccount":
+                await asyncio.sleep(0.01)  # the others do not wait for it, the RayCluster does
+            order.append(manifest["kind"])
+            await super().apply(manifest)
+
+    world = World()
+    slow = Slow()
+    slow.jobs = world.kube.jobs
+    world.kube = world.reconciler.kube = slow
+    world.reconcile(0)
+    # The API server refuses a RoleBinding to a Role it does not know yet (404): it comes after.
+    assert order[-3:] == ["ServiceAccount", "RoleBinding", "RayCluster"]
+    assert set(order[:-3]) == {"Role", "Secret", "NetworkPolicy", "ConfigMap"}
