@@ -58,10 +58,12 @@ class OperatorSettings:
     """What a job may ask for (volume types, ServiceAccounts)."""
 
 
-KUBE_THREADS = 16
+KUBE_THREADS = 32
 """Threads for the blocking Kubernetes client, and its connection pool's size (the client's
 default pool, 5 per core, would open and drop a connection for every call beyond it)."""
 URGENT, ROUTINE = 0, 1
+TIMER_ID, CLUSTER_EVENT_ID = "job_timer", "cluster_event"
+"""kopf's ids of the two handlers that run most often."""
 _urgency: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
     "rlhf_operator_urgency", default=(ROUTINE, 0)
 )
@@ -112,6 +114,18 @@ class UrgencyExecutor(ThreadPoolExecutor):
         self._work_queue = cast(Any, _UrgencyQueue())
 
 
+class _QuietSuccesses(logging.Filter):
+    """Drops kopf's line for every successful timer tick and RayCluster event: hundreds a
+    minute with many jobs, and no news (a failure is still logged, and so are the rest)."""
+
+    def __init__(self, *handlers: tuple[str, str]) -> None:
+        super().__init__()
+        self.lines = frozenset(f"{kind} {id_!r} succeeded." for kind, id_ in handlers)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg in self.lines)
+
+
 def _emit(body: dict[str, Any], event: Event) -> None:
     # kopf types this as its Body wrapper; a plain object dict carries the same reference fields.
     kopf.event(cast(Any, body), type=event.type, reason=event.reason, message=event.message)
@@ -136,6 +150,9 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=handlers)
     async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING  # our own Events say what matters; not kopf's
+        logging.getLogger("kopf.objects").addFilter(
+            _QuietSuccesses(("Timer", TIMER_ID), ("Handler", CLUSTER_EVENT_ID))
+        )
         settings.watching.server_timeout = 300
         metrics = OperatorMetrics()
         if operator_settings.metrics_port:
@@ -195,6 +212,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         idle=0,
         # Its first tick one interval on: creation and resumption kick already.
         initial_delay=settings.timer_interval,
+        id=TIMER_ID,
         registry=handlers,
     )
     async def job_timer(namespace: str | None, name: str, **_: Any) -> None:
@@ -205,6 +223,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         ray.RAY_VERSION,
         ray.RAY_CLUSTERS,
         labels={LABEL_JOB: kopf.PRESENT},
+        id=CLUSTER_EVENT_ID,
         registry=handlers,
     )
     async def cluster_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:

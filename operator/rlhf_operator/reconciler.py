@@ -178,36 +178,42 @@ class Reconciler:
         return job
 
     async def observe(self, job: RLHFJob, body: dict[str, Any]) -> Observed:
-        """Read the job's world: the RayCluster and the Lease at once, then (from what the
-        RayCluster says) its pods, KubeRay's Warnings and the Ray job at once."""
+        """Read what can matter to the policy: the RayCluster; then, from what it says, at once:
+        its pods and KubeRay's Warnings while it is not ready, or its pods, the Ray job (through
+        its dashboard) and the heartbeat Lease once it is. Between the asks of a dashboard that
+        does not answer, for a job with nothing submitted, only the job and its RayCluster can
+        change the plan (there is no trainer to hear from): nothing more is read."""
         namespace = job.metadata.namespace
         now = self.clock()
         created = parse_time(body["metadata"].get("creationTimestamp")) or now
         status = job.status or RLHFJobStatus()
         name = names.ray_cluster_name(job)
-        cluster_body, lease = await asyncio.gather(
-            self.kube.get_ray_cluster(namespace, name),
-            self.kube.get_lease(namespace, names.heartbeat_lease_name(job)),
-        )
-        ray_job = previous_ray_job = dashboard_error = problem = warning = None
+        cluster_body = await self.kube.get_ray_cluster(namespace, name)
+        ray_job = previous_ray_job = dashboard_error = problem = warning = lease = None
         pods: list[Any] = []
-        if cluster_body is not None:
-            # Ready, deleting and the dashboard come from the RayCluster alone.
-            shell = cluster_view(job, cluster_body, [], now)
-            assert shell is not None
-            reads: list[Any] = [self.kube.cluster_pods(namespace, name)]
-            if shell.ready and not shell.deleting and shell.dashboard:
-                reads.append(self._ask_dashboard(job, shell, status.restart_count, now))
-            elif not shell.ready and not shell.deleting:
-                # Why the pods are not there yet; read only now, so a ready cluster costs nothing.
-                reads.append(self.kube.cluster_events(namespace, name))
-            found = await asyncio.gather(*reads)
-            pods = found[0]
-            if shell.ready and not shell.deleting and shell.dashboard:
-                ray_job, previous_ray_job, dashboard_error = found[1]
-            elif not shell.ready and not shell.deleting:
-                problem = scheduling_problem(pods)
-                warning = cluster_warning(found[1], cluster_body, pods, now)
+        # Ready, deleting and the dashboard come from the RayCluster alone.
+        shell = cluster_view(job, cluster_body, [], now)
+        if shell is None:
+            pass
+        elif shell.ready and not shell.deleting and shell.dashboard:
+            silent = self._silence(job, shell, now)
+            if silent is not None and status.submission_id is None:
+                dashboard_error = silent
+            else:
+                pods, lease, (ray_job, previous_ray_job, dashboard_error) = await asyncio.gather(
+                    self.kube.cluster_pods(namespace, name),
+                    self.kube.get_lease(namespace, names.heartbeat_lease_name(job)),
+                    self._ask_dashboard(job, shell, status.restart_count, now),
+                )
+        elif not shell.ready and not shell.deleting:
+            # Why the pods are not there yet; read only now, so a ready cluster costs nothing.
+            pods, events = await asyncio.gather(
+                self.kube.cluster_pods(namespace, name), self.kube.cluster_events(namespace, name)
+            )
+            problem = scheduling_problem(pods)
+            warning = cluster_warning(events, cluster_body, pods, now)
+        else:
+            pods = await self.kube.cluster_pods(namespace, name)
         return Observed(
             job=job,
             now=now,
@@ -221,6 +227,14 @@ class Reconciler:
             cluster_warning=warning,
         )
 
+    def _silence(self, job: RLHFJob, cluster: ClusterView, now: datetime) -> str | None:
+        """The last answer of this cluster's dashboard while it is not due to be asked again
+        (it did not answer, and the policy's retry time has not come); else None."""
+        silent = self._silent.get((job.metadata.namespace, job.metadata.name))
+        if silent is None or silent.cluster != _silence_key(job, cluster) or now >= silent.retry_at:
+            return None
+        return silent.error
+
     async def _ask_dashboard(
         self, job: RLHFJob, cluster: ClusterView, restart_count: int, now: datetime
     ) -> tuple[RayJobView | None, RayJobView | None, str | None]:
@@ -228,13 +242,8 @@ class Reconciler:
         why the dashboard did not answer. A dashboard that did not answer is not asked again
         before the policy's retry time: the last answer stands until then."""
         assert cluster.dashboard is not None
-        silent = self._silent.get((job.metadata.namespace, job.metadata.name))
-        if (
-            silent is not None
-            and silent.cluster == _silence_key(job, cluster)
-            and now < silent.retry_at
-        ):
-            return None, None, silent.error
+        if (silent := self._silence(job, cluster, now)) is not None:
+            return None, None, silent
         dashboard = self._dashboard(job, cluster.dashboard)
         self.dashboard_asks += 1
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 
@@ -16,7 +17,20 @@ from rlhf_operator.ray_auth import RayAuth
 def test_the_timer_first_ticks_one_interval_after_creation_kicked() -> None:
     settings = OperatorSettings(ray_auth=RayAuth(b"k" * 32), timer_interval=5.0)
     timers = list(registry(settings)._spawning.get_all_handlers())
-    assert [(t.interval, t.initial_delay) for t in timers] == [(5.0, 5.0)]
+    assert [(t.id, t.interval, t.initial_delay) for t in timers] == [("job_timer", 5.0, 5.0)]
+
+
+def test_kopf_says_nothing_for_each_timer_tick_and_raycluster_event_but_the_rest() -> None:
+    quiet = handlers._QuietSuccesses(("Timer", "job_timer"), ("Handler", "cluster_event"))
+
+    def kept(message: str) -> bool:
+        record = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, (), None)
+        return quiet.filter(record)
+
+    assert not kept("Timer 'job_timer' succeeded.")
+    assert not kept("Handler 'cluster_event' succeeded.")
+    assert kept("Handler 'registry.<locals>.job_changed' succeeded.")
+    assert kept("Timer 'job_timer' failed with an exception and will try again in 60 seconds: x")
 
 
 def _submit_as(executor: UrgencyExecutor, urgency: tuple[int, int], fn: Callable[[], None]) -> None:

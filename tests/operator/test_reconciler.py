@@ -70,8 +70,11 @@ class FakeKube:
         self.events: dict[str, list[Any]] = {}
         """RayCluster name → the Warning Events on it (KubeRay's)."""
         self.event_reads = 0
+        self.calls: dict[str, int] = {}
+        """Method name → how many times it was called (what the reconciler read)."""
 
     def _call(self, method: str) -> None:
+        self.calls[method] = self.calls.get(method, 0) + 1
         if method in self.failing:
             raise self.failing[method]
 
@@ -864,3 +867,44 @@ def test_a_new_job_applies_its_objects_in_stages_each_at_once() -> None:
     # The API server refuses a RoleBinding to a Role it does not know yet (404): it comes after.
     assert order[-3:] == ["ServiceAccount", "RoleBinding", "RayCluster"]
     assert set(order[:-3]) == {"Role", "Secret", "NetworkPolicy", "ConfigMap"}
+
+
+def _reads(world: World, *seconds: float) -> dict[str, int]:
+    """What the reconciles at `seconds` read from the API server, by method."""
+    world.kube.calls.clear()
+    for at in seconds:
+        world.reconcile(at)
+    return {k: n for k, n in world.kube.calls.items() if k.startswith(("get_", "cluster_"))}
+
+
+def test_waiting_for_a_silent_dashboard_reads_only_the_job_and_its_raycluster() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: refused")
+    world.reconcile(1)  # asked: silent
+    # Nothing submitted, so no trainer: between asks neither pods nor the Lease can matter.
+    assert _reads(world, 2, 3, 4) == {"get_job": 3, "get_ray_cluster": 3}
+    # When the ask is due, everything is read again.
+    assert _reads(world, 6) == {"get_job": 1, "get_ray_cluster": 1, "cluster_pods": 1,
+                                "get_lease": 1}  # fmt: skip
+
+
+def test_a_submitted_job_with_a_silent_dashboard_still_reads_its_pods_and_lease() -> None:
+    world = World()
+    world.running()
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: timed out")
+    world.reconcile(3)
+    assert _reads(world, 4, 5) == {"get_job": 2, "get_ray_cluster": 2, "cluster_pods": 2,
+                                   "get_lease": 2}  # fmt: skip
+    assert world.reconciler.dashboard_asks == 3  # at 1, 2 and 3 s; not at 4 or 5 s
+
+
+def test_a_cluster_not_ready_yet_is_read_with_its_pods_and_warnings_not_the_lease() -> None:
+    world = World()
+    world.reconcile(0)
+    assert _reads(world, 1) == {"get_job": 1, "get_ray_cluster": 1, "cluster_pods": 1,
+                                "cluster_events": 1}  # fmt: skip
+    del world.kube.clusters[NAME]  # none (yet, or any more): nothing else to read
+    assert _reads(world, 2) == {"get_job": 1, "get_ray_cluster": 1}
+    assert world.kube.calls["apply"] == 7
