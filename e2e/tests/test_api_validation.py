@@ -55,14 +55,18 @@ def test_every_invalid_case_is_rejected_naming_its_field(
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_examples_are_accepted(local_cluster: LocalCluster, namespace: str, path: Path) -> None:
+def test_examples_are_accepted(
+    local_cluster: LocalCluster, namespace: str, path: Path, tmp_path: Path
+) -> None:
     body = yaml.safe_load(path.read_text())
     body["metadata"]["namespace"] = namespace
     body["spec"]["suspend"] = True  # accepted, never run
     _create(local_cluster, namespace, body)
     # What `rlhfjob render` prints for it, `kubectl apply` takes as it is (a dry run).
+    job_file = tmp_path / path.name
+    job_file.write_text(yaml.safe_dump(body))
     rendered = subprocess.run(
-        [sys.executable, "-m", "rlhfjob_cli", "render", str(path)],
+        [sys.executable, "-m", "rlhfjob_cli", "render", str(job_file)],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     applied = local_cluster.kubectl(
