@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import socket
-import string
 import subprocess
 import sys
 import urllib.request
@@ -28,6 +26,7 @@ from kubernetes import client
 
 from rlhf_local import cluster
 from rlhf_local.harness import LocalCluster, wait_for
+from rlhf_operator.ray_auth import RayAuth
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/rlhfjob"
@@ -141,12 +140,6 @@ def remove_admission_policy(lc: LocalCluster, manifests: list[dict[str, Any]]) -
         lc.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
 
 
-def _random_key(length: int = 64) -> str:
-    """Like the chart's `randAlphaNum 64`."""
-    alphabet = string.ascii_letters + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(length))
-
-
 @dataclass
 class OperatorProcess:
     """`rlhfjob operator` running in the background, restartable."""
@@ -174,8 +167,8 @@ class OperatorProcess:
             return
         self.ray_auth_key_file.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.ray_auth_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as key:
-            key.write(_random_key())
+        with os.fdopen(fd, "wb") as key:
+            key.write(RayAuth.new_key())
 
     def command(self) -> list[str]:
         """`rlhfjob operator` with the flags the chart's Deployment passes (local ports)."""

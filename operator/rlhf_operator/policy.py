@@ -23,8 +23,6 @@ DEFAULT_VOLUME_TYPES = (
     "secret",
 )
 """Volume sources a checkpoint volume may use unless the policy says otherwise."""
-READ_ONLY_VOLUME_TYPES = frozenset({"configMap", "secret"})
-"""Volume sources that are never writable, whatever the mount says (fine for reading only)."""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class RayAuth:
 
     @staticmethod
     def new_key() -> bytes:
-        """A fresh key (for development clusters; the Helm chart makes and keeps its own)."""
+        """A fresh key (for the local harness; the Helm chart makes and keeps its own)."""
         return secrets.token_hex(MIN_KEY_BYTES).encode()
 
     def token(self, job: RLHFJob) -> str:
