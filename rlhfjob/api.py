@@ -303,7 +303,7 @@ class Toleration(ApiModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """The taint effect it tolerates (empty: every effect)."""
     toleration_seconds: int | None = None
-    """For NoExecute: how long the pod stays after the taint appears."""
+    """For NoExecute: seconds the pod stays bound after the taint appears (unset: for ever)."""
 
     cel_rules = (
         CelRule(
@@ -330,11 +330,12 @@ class RoleSpec(ApiModel):
     replicas: int = Field(default=1, ge=0, le=1024)
     """Ray worker pods for this role."""
     gpus: int = Field(default=0, ge=0, le=64)
-    """GPUs per replica (`nvidia.com/gpu`)."""
+    """GPUs per replica (`nvidia.com/gpu`), requested and limited alike."""
     cpu: Quantity = "4"
-    """CPU request and limit per replica."""
+    """CPU cores per replica, requested and limited alike: a Kubernetes quantity (4, 500m)."""
     memory: Quantity = "16Gi"
-    """Memory request and limit per replica."""
+    """Memory per replica, requested and limited alike: a Kubernetes quantity of bytes (16Gi,
+    512Mi)."""
     node_selector: NodeSelector = Field(default_factory=dict)
     """Labels of the node pool this role runs on."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
@@ -403,11 +404,12 @@ class RolloutRoleSpec(ElasticRoleSpec):
     state during generation, and weights pass in-process. Colocated engines live and die with
     their rank, so the role is not elastic then."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    """GPUs one engine spans."""
+    """GPUs one engine spans (vLLM's tensor parallelism)."""
     backend: Literal["vllm", "hf"] = "vllm"
     """`vllm` on GPUs; `hf` (transformers) for CPU runs and tests."""
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
-    """Fraction of each GPU vLLM may claim (colocated: the share beside the trainer)."""
+    """Fraction (above 0, at most 1) of each GPU's memory vLLM may claim (colocated: the share
+    beside the trainer)."""
     sleep_level: int = Field(default=2, ge=1, le=2)
     """Colocated vLLM only: what the engine releases while the trainer updates. 1 moves its
     weights to host memory and frees the KV cache; 2 frees both (the update's new weights are
@@ -524,9 +526,9 @@ class HeadSpec(ApiModel):
     """The Ray head: CPU only, it runs the driver and the dashboard."""
 
     cpu: Quantity = "2"
-    """CPU of the head pod."""
+    """CPU cores of the head pod, requested and limited alike: a Kubernetes quantity."""
     memory: Quantity = "8Gi"
-    """Memory of the head pod."""
+    """Memory of the head pod, requested and limited alike: a Kubernetes quantity of bytes."""
     node_selector: NodeSelector = Field(default_factory=dict)
     """Node labels the head pod must land on."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
@@ -580,7 +582,7 @@ class AlgorithmSpec(ApiModel):
     update_epochs: int = Field(default=1, ge=1, le=64)
     """Passes over each rollout batch."""
     total_steps: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    """Training steps; set this or epochs."""
+    """Training steps (a rollout batch and its update each); set this or epochs."""
     epochs: int | None = Field(default=None, ge=1, le=1_000_000)
     """Passes over the prompt dataset; set this or totalSteps."""
     max_prompt_length: int = Field(default=512, ge=1, le=1048576)
@@ -603,9 +605,11 @@ class AlgorithmSpec(ApiModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling: sample from the smallest set of tokens holding this probability."""
     clip_range: float = Field(default=0.2, gt=0, le=10)
-    """PPO ratio clipping epsilon."""
+    """PPO ratio clipping epsilon: the new-to-old policy ratio is clipped to
+    [1 - clipRange, 1 + clipRange]."""
     value_clip_range: float | None = Field(default=0.2, gt=0)
-    """Critic value clipping (PPO); unset disables it."""
+    """Critic value clipping (PPO): new values stay within this distance of the old ones;
+    unset disables it."""
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL to the reference policy."""
     kl_estimator: Literal["k1", "k3"] = "k3"
@@ -702,16 +706,16 @@ class RemoteRewardSpec(ApiModel):
     model: str | None = Field(default=None, min_length=1, max_length=512)
     """The model name sent with `classify` requests (a server serving one model ignores it)."""
     timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
-    """Bound on one request."""
+    """Seconds one request may take."""
     max_retries: int = Field(default=3, ge=0, le=100)
     """Retries of a request that timed out, could not connect or got a 5xx or 429; the step
     fails (retryably) once they are spent. A 4xx other than 429 fails the job at once."""
     backoff_seconds: float = Field(default=1.0, ge=0, le=600)
-    """First delay before a retry; doubles each time."""
+    """Seconds before the first retry; doubles with each retry."""
     max_concurrency: int = Field(default=4, ge=1, le=256)
     """Requests in flight at once."""
     batch_size: int = Field(default=64, ge=1, le=65536)
-    """Samples per request."""
+    """Samples (prompt and response pairs) per request."""
 
 
 class RewardSourceSpec(ApiModel):
@@ -778,7 +782,7 @@ class RewardSpec(ApiModel):
     """Standardise each source's scores over the step's batch (mean 0, std 1) before weighting,
     so weights compare sources of different scales."""
     batch_size: int = Field(default=32, ge=1, le=65536)
-    """Samples per scoring call to a reward-model replica."""
+    """Samples (prompt and response pairs) per scoring call to a reward-model replica."""
 
     cel_rules = (
         *RewardSourceSpec.cel_rules[:3],
@@ -831,7 +835,7 @@ class CheckpointSpec(ApiModel):
     volume: VolumeSource | None = None
     """A Kubernetes volume source (for example a persistentVolumeClaim) mounted at path."""
     interval_steps: int = Field(default=50, ge=1)
-    """Checkpoint every this many steps (and at the last step and on SIGTERM)."""
+    """Checkpoint every this many training steps (and at the last step and on SIGTERM)."""
     keep_last: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints the trainer keeps; older ones it removes (the operator never does)."""
 
@@ -854,13 +858,14 @@ class RecoverySpec(ApiModel):
     max_restarts: int = Field(default=3, ge=0, le=1000)
     """Restarts before the job is Failed (RestartsExhausted)."""
     backoff_seconds: int = Field(default=10, ge=0)
-    """First delay before a restart; doubles each time."""
+    """Seconds before the first restart; doubles with each restart, up to maxBackoffSeconds."""
     max_backoff_seconds: int = Field(default=300, ge=0)
-    """The doubling restart delay stops growing here."""
+    """Seconds at which the doubling restart delay stops growing."""
     restart_strategy: Literal["InPlaceFirst", "RecreateCluster"] = "InPlaceFirst"
     """InPlaceFirst climbs the ladder cheapest first; RecreateCluster always starts over."""
     cluster_recovery_timeout_seconds: int = Field(default=600, ge=1)
-    """How long an unhealthy RayCluster may take to heal before it is recreated."""
+    """Seconds an unhealthy RayCluster (its head not ready, its dashboard silent) may take to
+    heal before it is recreated."""
 
     cel_rules = (
         CelRule(
@@ -875,11 +880,13 @@ class LivenessSpec(ApiModel):
     """How the operator tells a hung or stalled trainer from a slow one."""
 
     heartbeat_interval_seconds: int = Field(default=10, ge=1)
-    """How often the trainer renews its heartbeat Lease."""
+    """Seconds between the trainer's renewals of its heartbeat Lease."""
     heartbeat_timeout_seconds: int = Field(default=60, ge=1)
-    """No heartbeat for this long: the trainer is hung."""
+    """Seconds without a heartbeat after which the trainer is hung (TrainerHung); also the
+    Lease's duration."""
     progress_timeout_seconds: int = Field(default=1800, ge=1)
-    """Heartbeats but no new step for this long: the trainer is stalled."""
+    """Seconds of heartbeats without a new step after which the trainer is stalled
+    (TrainerStalled)."""
 
     cel_rules = (
         CelRule(
@@ -918,7 +925,9 @@ class RLHFJobSpec(ApiModel):
     service_account_name: str | None = Field(
         default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN
     )
-    """ServiceAccount of the Ray pods; it may renew this job's heartbeat Lease."""
+    """ServiceAccount of the Ray pods, if the installation allows it (its job policy); it must
+    be allowed to renew this job's heartbeat Lease. Unset: the job's own, which the operator
+    creates."""
     model: ModelSpec
     algorithm: AlgorithmSpec
     dataset: DatasetSpec
@@ -933,11 +942,14 @@ class RLHFJobSpec(ApiModel):
     suspend: bool = False
     """Stop training and release the cluster; checkpoints stay. Unset to resume."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)
-    """Fail the job (DeadlineExceeded) once it has run this long."""
+    """Seconds the job may run from its start (status.startTime) before it fails
+    (DeadlineExceeded); unset: no deadline."""
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
-    """Delete the finished RLHFJob after this long (checkpoints stay)."""
+    """Seconds after it finished (status.completionTime) at which the RLHFJob is deleted, with
+    what it owns (checkpoints stay); unset: it stays."""
     provisioning_timeout_seconds: int = Field(default=600, ge=1)
-    """Fail when the RayCluster is not ready this long after it was created."""
+    """Seconds the RayCluster may take to become ready after it was created before the job
+    fails (ProvisioningTimeout)."""
 
     cel_rules = (
         CelRule(
@@ -988,24 +1000,50 @@ class Phase(StrEnum):
         return self in (Phase.SUCCEEDED, Phase.FAILED)
 
 
+class ConditionType(StrEnum):
+    """The conditions the operator keeps on a job, one of each at most."""
+
+    CLUSTER_READY = "ClusterReady"
+    DASHBOARD_REACHABLE = "DashboardReachable"
+    TRAINER_RUNNING = "TrainerRunning"
+    HEALTHY = "Healthy"
+    DEGRADED = "Degraded"
+    SUSPENDED = "Suspended"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+
+
 class Condition(ApiModel):
-    """A Kubernetes-style condition."""
+    """A Kubernetes-style condition: the latest observation of one aspect of the job."""
 
     model_config = ConfigDict(strict=False)  # timestamps arrive as text
 
-    type: str = Field(max_length=316)
+    type: str = Field(
+        max_length=316,
+        description="What the condition is about: " + ", ".join(ConditionType) + ".",
+    )
     status: Literal["True", "False", "Unknown"]
+    """Whether it holds: True, False or Unknown."""
     reason: str = Field(default="", max_length=1024)
+    """Why, in one CamelCase word (for example Ready, Unschedulable, TrainerHung)."""
     message: str = Field(default="", max_length=32768)
+    """Why, for humans."""
     last_transition_time: datetime | None = None
+    """When status last changed (RFC 3339)."""
     observed_generation: int | None = None
+    """The job's metadata.generation when the condition was set."""
 
 
 class CheckpointRef(ApiModel):
+    """A complete checkpoint the trainer reported in its heartbeat."""
+
     model_config = ConfigDict(strict=False)  # timestamps arrive as text
     step: int
+    """The training step it holds: a resumed run continues after it."""
     path: str
+    """Its directory on the checkpoint volume."""
     time: datetime | None = None
+    """When the operator first saw it reported (RFC 3339)."""
 
 
 class RestartRecord(ApiModel):
@@ -1014,13 +1052,18 @@ class RestartRecord(ApiModel):
     model_config = ConfigDict(strict=False)  # timestamps arrive as text
 
     time: datetime
+    """When the operator decided to restart (RFC 3339)."""
     reason: str
+    """Why, as a restart reason: for example TrainerFailed, TrainerHung, HeadLost."""
     message: str = ""
+    """What the operator saw, for humans."""
     resumed_from_step: int | None = None
+    """The checkpoint's step the restart resumed from; unset: there was none (step 0)."""
     detection_seconds: float | None = None
-    """From the trainer's last sign of life (exit, heartbeat) to the operator's decision."""
+    """Seconds from the trainer's last sign of life (its exit, its last heartbeat, the head's
+    last Ready) to the operator's decision."""
     resumed_time: datetime | None = None
-    """When the restarted trainer first finished a step past its checkpoint."""
+    """When the restarted trainer first finished a step past its checkpoint (RFC 3339)."""
 
     @property
     def failure_time(self) -> datetime:
@@ -1037,23 +1080,43 @@ class RLHFJobStatus(ApiModel):
     model_config = ConfigDict(strict=False)  # timestamps arrive as text
 
     phase: Phase = Phase.PENDING
+    """Pending: accepted, no cluster yet (or resuming after a suspend). Provisioning: the
+    RayCluster is being created and its pods started. Running: the trainer runs. Recovering:
+    a failure was detected and the job climbs the recovery ladder. Suspended: spec.suspend is
+    set, the cluster is released, checkpoints stay. Succeeded and Failed are terminal: the
+    cluster is released and the phase never changes again."""
     conditions: list[Condition] = Field(default_factory=list, max_length=32)
+    """The latest observation of each aspect of the job, one entry per type."""
     observed_generation: int | None = None
+    """The metadata.generation the operator last acted on; behind metadata.generation while a
+    change of the spec is not applied yet."""
     current_step: int | None = None
+    """The last training step the trainer finished (from its heartbeat)."""
     total_steps: int | None = None
+    """Training steps of the whole run: spec.algorithm.totalSteps, or what the trainer computed
+    from epochs."""
     last_checkpoint: CheckpointRef | None = None
+    """The newest complete checkpoint; a restart resumes from it."""
     restart_count: int = 0
+    """Restarts so far; the job fails (RestartsExhausted) when one more would exceed
+    spec.recovery.maxRestarts."""
     restart_history: list[RestartRecord] = Field(
         default_factory=list, max_length=MAX_RESTART_HISTORY
     )
     """The most recent restarts, oldest first."""
     last_heartbeat_time: datetime | None = None
+    """When the trainer last renewed its heartbeat Lease (RFC 3339)."""
     submission_id: str | None = None
     """The Ray job of the current attempt, once submitted."""
     ray_cluster_name: str | None = None
+    """The RayCluster the operator created for the job."""
     dashboard_url: str | None = None
+    """The Ray dashboard of the job's cluster; only the job's pods and the operator may reach
+    it."""
     start_time: datetime | None = None
+    """When the operator started the job: first created its RayCluster (RFC 3339)."""
     completion_time: datetime | None = None
+    """When the job became Succeeded or Failed (RFC 3339)."""
     message: str = ""
     """What is happening, for humans."""
 
@@ -1061,14 +1124,30 @@ class RLHFJobStatus(ApiModel):
 class ObjectMeta(BaseModel):
     """The parts of metadata the platform reads; the rest passes through untouched."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+        alias_generator=to_camel,
+        use_attribute_docstrings=True,
+    )
 
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=NAME_PATTERN,
+        description=f"The job's name: a DNS-1035 label of at most {MAX_NAME_LENGTH} characters, "
+        "since it names the RayCluster and, with a suffix, every object made for the job.",
+    )
     namespace: str = "default"
+    """Where the job and everything made for it live."""
     uid: str | None = None
+    """Set by the API server; the objects made for the job are owned through it."""
     generation: int | None = None
+    """Set by the API server; counts changes of the spec."""
     labels: dict[str, str] = Field(default_factory=dict)
+    """The job's own labels; the Ray pods do not inherit them."""
     annotations: dict[str, str] = Field(default_factory=dict)
+    """The job's own annotations."""
 
 
 class RLHFJob(ApiModel):
@@ -1077,7 +1156,9 @@ class RLHFJob(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
     api_version: Literal["rlhf.dev/v1alpha1"] = API_VERSION  # type: ignore[assignment]
+    """The API group and version."""
     kind: Literal["RLHFJob"] = KIND  # type: ignore[assignment]
+    """The kind of object."""
     metadata: ObjectMeta
     spec: RLHFJobSpec
     status: RLHFJobStatus | None = None

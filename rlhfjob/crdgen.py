@@ -113,10 +113,39 @@ def add_section_defaults(model: type[pydantic.BaseModel], node: dict[str, Any]) 
             add_section_defaults(nested, prop)
 
 
+def default_text(value: Any) -> str | None:
+    """How a default reads in a description (YAML's spelling); None for an object, a list or
+    an empty string, whose fields or absence say more."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str) and value:
+        return value
+    return None
+
+
+def document_defaults(node: dict[str, Any]) -> None:
+    """Append "Default: X." to the description of every property with a scalar default, so
+    `kubectl explain` shows it: the one place defaults are spelt out in prose."""
+    for prop in node.get("properties", {}).values():
+        text = default_text(prop.get("default"))
+        if text is not None and prop.get("description"):
+            sentence = prop["description"].rstrip()
+            if not sentence.endswith("."):
+                sentence += "."
+            prop["description"] = f"{sentence} Default: {text}."
+        document_defaults(prop)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            document_defaults(node[key])
+
+
 def _model_schema(model: type[api.ApiModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     schema = to_structural(raw, raw.get("$defs", {}))
     add_section_defaults(model, schema)
+    document_defaults(schema)
     return schema
 
 
@@ -181,25 +210,29 @@ def render_crd() -> str:
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
 
 
-def main(argv: list[str]) -> int:
+def print_write_or_check(argv: list[str], text: str, paths: tuple[Path, ...], module: str) -> int:
+    """The command line of a generated file: print it, write it, or fail when it is stale."""
     command = argv[0] if argv else "print"
-    text = render_crd()
     if command == "print":
         sys.stdout.write(text)
         return 0
     if command == "write":
-        for path in CRD_PATHS:
+        for path in paths:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO_ROOT)}")
         return 0
     if command == "check":
-        stale = [p for p in CRD_PATHS if not p.exists() or p.read_text() != text]
+        stale = [p for p in paths if not p.exists() or p.read_text() != text]
         for path in stale:
             print(f"stale: {path.relative_to(REPO_ROOT)} (run `task crds`)", file=sys.stderr)
         return 1 if stale else 0
-    print(f"usage: python -m rlhfjob.crdgen [print|write|check], not {command!r}", file=sys.stderr)
+    print(f"usage: python -m {module} [print|write|check], not {command!r}", file=sys.stderr)
     return 2
+
+
+def main(argv: list[str]) -> int:
+    return print_write_or_check(argv, render_crd(), CRD_PATHS, "rlhfjob.crdgen")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from rlhfjob.api import (
     MAX_RESTART_HISTORY,
     CheckpointRef,
     Condition,
+    ConditionType,
     ElasticRoleSpec,
     Phase,
     RestartRecord,
@@ -95,15 +96,15 @@ class Plan:
     again (it reuses the last answer); None: ask on every reconcile."""
 
 
-# Condition types the operator maintains.
-CLUSTER_READY = "ClusterReady"
-TRAINER_RUNNING = "TrainerRunning"
-DASHBOARD_REACHABLE = "DashboardReachable"
-HEALTHY = "Healthy"
-SUSPENDED = "Suspended"
-COMPLETE = "Complete"
-FAILED = "Failed"
-DEGRADED = "Degraded"
+# Condition types the operator maintains (the API lists them: `api.ConditionType`).
+CLUSTER_READY = ConditionType.CLUSTER_READY.value
+TRAINER_RUNNING = ConditionType.TRAINER_RUNNING.value
+DASHBOARD_REACHABLE = ConditionType.DASHBOARD_REACHABLE.value
+HEALTHY = ConditionType.HEALTHY.value
+SUSPENDED = ConditionType.SUSPENDED.value
+COMPLETE = ConditionType.COMPLETE.value
+FAILED = ConditionType.FAILED.value
+DEGRADED = ConditionType.DEGRADED.value
 
 # ClusterReady reasons while the cluster is not ready: the kind of cause the message quotes.
 CREATING = "Creating"
