@@ -4,8 +4,8 @@ One test, to keep the e2e tier short: a running job, then the API server stopped
 operator's RLHFJob watch has failed to reconnect 7 times (kopf waits 1, 1, 2, 3, 5, 8, 13 s
 between attempts), started again (same data, ports, certificates), and at once a second job
 created and the first one suspended, while the watch still waits its 13 s (a warning says so
-when a slow start of the API server used them up); then etcd restarted while the second job
-provisions, and a third job (created suspended, so cheap) created after it. The operator must
+when a slow start of the API server used them up); then, once the second job runs, etcd
+restarted, and a third job (created suspended, so cheap) created after it. The operator must
 notice every change by itself: with `--timer-interval=1` the timer re-reads jobs it already
 knows, so only the watch can find the second and third jobs.
 """
@@ -127,8 +127,14 @@ def test_operator_survives_api_server_and_etcd_restarts(
         details=lambda: operator.log_tail(60),
     )
     jobs.wait_phase("first", "Suspended", 60, operator)
+    # Running before etcd goes: a RayCluster KubeRay is still building when etcd goes can wait
+    # minutes after it is back (its caches go stale, and each failed reconcile doubles the
+    # object's backoff, up to 1000 s). That is KubeRay's recovery, not the operator's.
+    jobs.wait_phase("second", "Running", 240, operator)
+    submissions = [job["submission_id"] for job in jobs.ray_submissions("second")]
+    assert len(submissions) == 1, submissions
 
-    # -- etcd goes away while the second job provisions and the first one's cluster is released.
+    # -- etcd goes away while the second job runs.
     with cluster.stopped("etcd"):
         wait_for(
             lambda: not cluster.healthy("kube-apiserver"),
@@ -145,12 +151,12 @@ def test_operator_survives_api_server_and_etcd_restarts(
     )
 
     wait_for(lambda: jobs.ray_cluster("first") is None, 120, "first's RayCluster to be deleted")
-    jobs.wait_phase("second", "Running", 240, operator)
+    assert jobs.phase("second") == "Running"
     assert jobs.phase("first") == "Suspended"
     assert uid_of_cluster(jobs, "second") == second_uid, "etcd's restart replaced a RayCluster"
     assert clusters_per_job(jobs) == Counter({"second": 1})
-    submissions = jobs.ray_submissions("second")
-    assert len(submissions) == 1, submissions
+    resubmitted = [job["submission_id"] for job in jobs.ray_submissions("second")]
+    assert resubmitted == submissions, "etcd's restart resubmitted the trainer"
     assert jobs.ray_cluster("third") is None
 
     assert operator.process is not None and operator.process.pid == pid

@@ -154,6 +154,9 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
             _QuietSuccesses(("Timer", TIMER_ID), ("Handler", CLUSTER_EVENT_ID))
         )
         settings.watching.server_timeout = 300
+        # The chart grants no read on CRDs (least privilege): kopf's one scan at start finds
+        # RLHFJob and RayCluster, and its CRD watch would only retry a 403 and warn.
+        settings.scanning.disabled = True
         metrics = OperatorMetrics()
         if operator_settings.metrics_port:
             metrics.serve(operator_settings.metrics_port)
