@@ -92,6 +92,48 @@ RESERVED_MOUNT_PATHS = (SHM_PATH, JOB_CONFIG_DIR, *WRITABLE_PATHS.values())
 the job config and the writable scratch paths. A second mount at one of them is refused."""
 READ_ONLY_MOUNT_PATHS = (JOB_CONFIG_DIR,)
 """Read-only mounts: nothing can be mounted inside them."""
+SHM_VOLUME = "dshm"
+JOB_CONFIG_VOLUME = "job-config"
+CHECKPOINT_VOLUME = "checkpoints"
+OPERATOR_VOLUMES = (SHM_VOLUME, *WRITABLE_PATHS, JOB_CONFIG_VOLUME, CHECKPOINT_VOLUME)
+"""The volumes the operator gives every Ray pod, by name: a job's own volumes need others."""
+GPU_RESOURCE = "nvidia.com/gpu"
+OPERATOR_RESOURCES = ("cpu", "memory", GPU_RESOURCE)
+"""What a role's `cpu`, `memory` and `gpus` request: `extraResources` may not name them."""
+
+# The Ray container's environment: what the operator and KubeRay put there, which a job's own
+# variables may not replace (`rlhfjob.contract.PodEnv` writes and reads the operator's).
+ENV_JOB_NAME = "RLHF_JOB_NAME"
+ENV_JOB_NAMESPACE = "RLHF_JOB_NAMESPACE"
+ENV_ROLE = "RLHF_ROLE"
+ENV_JOB_CONFIG = "RLHF_JOB_CONFIG"
+"""Path of the job file (the ConfigMap mounted in every pod)."""
+ENV_ATTEMPT = "RLHF_ATTEMPT"
+"""Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
+KUBERAY_GROUP = "ray.io"
+KUBERAY_ENV = (
+    *("RAY_ADDRESS", "RAY_PORT", "RAY_IP", "FQ_RAY_IP"),
+    *("RAY_CLUSTER_NAME", "RAY_CLUSTER_NAMESPACE", "RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME"),
+    *("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "KUBERAY_GEN_RAY_START_CMD"),
+    *("RAY_USAGE_STATS_KUBERAY_IN_USE", "RAY_USAGE_STATS_EXTRA_TAGS"),
+    "RAY_DASHBOARD_ENABLE_K8S_DISK_USAGE",
+)
+"""What KubeRay (1.6) sets in every Ray container of a cluster like the operator's: the head's
+address, the cluster's and pod's identity, the Ray token, its generated `ray start`."""
+RESERVED_ENV = (
+    ENV_JOB_NAME,
+    ENV_JOB_NAMESPACE,
+    ENV_ROLE,
+    ENV_JOB_CONFIG,
+    ENV_ATTEMPT,
+    *KUBERAY_ENV,
+)
+RESERVED_KEY_DOMAINS = (GROUP, KUBERAY_GROUP)
+"""The operator's and KubeRay's label and annotation prefixes (`rlhf.dev/job`, `ray.io/group`):
+a job's pod labels and annotations stay out of them and their subdomains."""
+ENV_NAME_PATTERN = "^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+"""An environment variable's name as the pod API checks it (a C identifier, `.` and `-` too)."""
+DNS_LABEL_PATTERN = f"^{_DNS_LABEL}$"
 
 
 def _cel_list(values: tuple[str, ...]) -> str:
@@ -159,11 +201,16 @@ LABEL_KEYS_RULE = CelRule(
 )
 # Keys of a map have no schema of their own, so their syntax is a CEL rule on the map; the
 # bounds (entries, value length) keep the rule's cost estimate within the server's budget.
+
+
+def _validations(rules: tuple[CelRule, ...]) -> dict[str, Any]:
+    """The schema entry of a type's own CEL `rules` (those `_checked` evaluates)."""
+    return {"x-kubernetes-validations": [rule.to_schema() for rule in rules]}
+
+
 NodeSelector = Annotated[
     dict[str, LabelValue],
-    Field(
-        max_length=64, json_schema_extra={"x-kubernetes-validations": [LABEL_KEYS_RULE.to_schema()]}
-    ),
+    Field(max_length=64, json_schema_extra=_validations((LABEL_KEYS_RULE,))),
     _checked((LABEL_KEYS_RULE,)),
 ]
 
@@ -284,6 +331,321 @@ class ApiModel(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
+# What a job adds to its Ray pods
+
+
+def _free_mount_path(field: str) -> CelRule:
+    """`field`, a mount path, is not /, nor where the operator mounts, nor inside a read-only
+    mount: the pod API would refuse the second mount (or the operator's would be hidden)."""
+    path = f"self.{field}"
+    return CelRule(
+        f"{path} != '/' && !{_cel_list(RESERVED_MOUNT_PATHS)}"
+        f".exists(p, {path} == p || {path} == p + '/')"
+        f" && !{_cel_list(READ_ONLY_MOUNT_PATHS)}.exists(p, {path}.startsWith(p + '/'))",
+        f"{field} must not be /, where the operator mounts a volume"
+        f" ({', '.join(RESERVED_MOUNT_PATHS)}) nor inside the read-only"
+        f" {', '.join(READ_ONLY_MOUNT_PATHS)}",
+        f".{field}",
+    )
+
+
+def _unique(items: str, key: str) -> CelRule:
+    """Entries of the list `items` differ in `key` (merging and the pod API key them by it)."""
+    return CelRule(
+        f"!has(self.{items})"
+        f" || self.{items}.all(a, self.{items}.exists_one(b, b.{key} == a.{key}))",
+        f"{items} must not repeat a {key}",
+        f".{items}",
+    )
+
+
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+EnvName = Annotated[str, Field(min_length=1, max_length=253, pattern=ENV_NAME_PATTERN)]
+
+
+class KeyRef(ApiModel):
+    """One key of a Secret or ConfigMap in the job's namespace. The kubelet reads it when it
+    starts the pod; the operator never does."""
+
+    name: ObjectName
+    """The Secret's or ConfigMap's name."""
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """The key whose value the variable takes."""
+    optional: bool = False
+    """Start the pod without the variable when the object or key is missing (else the pod waits
+    for them)."""
+
+
+class EnvSource(ApiModel):
+    """Where a variable's value comes from: a Secret's key or a ConfigMap's."""
+
+    secret_key_ref: KeyRef | None = None
+    """A key of a Secret: tokens and passwords (HF_TOKEN, WANDB_API_KEY)."""
+    config_map_key_ref: KeyRef | None = None
+    """A key of a ConfigMap."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+            "set exactly one of secretKeyRef and configMapKeyRef",
+            ".secretKeyRef",
+        ),
+    )
+
+
+class EnvVar(ApiModel):
+    """One environment variable of the Ray container: a literal value or a reference."""
+
+    name: EnvName
+    """The variable's name. The operator's and KubeRay's own (RLHF_JOB_NAME, RAY_ADDRESS, ...)
+    cannot be set."""
+    value: str | None = Field(default=None, max_length=32768)
+    """A literal value. It is stored in the RLHFJob, its ConfigMap and the RayCluster, where
+    anyone who may read those reads it: put secrets in a Secret and use valueFrom."""
+    value_from: EnvSource | None = None
+    """The value of a Secret's or ConfigMap's key, read by the kubelet."""
+
+    cel_rules = (
+        CelRule(
+            f"!(self.name in {_cel_list(RESERVED_ENV)})",
+            "the operator or KubeRay sets this variable: " + ", ".join(RESERVED_ENV),
+            ".name",
+        ),
+        CelRule(
+            "!has(self.value) || !has(self.valueFrom)",
+            "set value or valueFrom, not both",
+            ".valueFrom",
+        ),
+    )
+
+
+class ObjectRef(ApiModel):
+    """A Secret or ConfigMap in the job's namespace, all of whose keys become variables."""
+
+    name: ObjectName
+    """Its name."""
+    optional: bool = False
+    """Start the pod without its variables when it is missing (else the pod waits for it)."""
+
+
+class EnvFromSource(ApiModel):
+    """Every key of a Secret or ConfigMap as a variable (keys that are no variable name are
+    skipped)."""
+
+    prefix: str | None = Field(default=None, min_length=1, max_length=253, pattern=ENV_NAME_PATTERN)
+    """Put before each key to make the variable's name."""
+    secret_ref: ObjectRef | None = None
+    """A Secret."""
+    config_map_ref: ObjectRef | None = None
+    """A ConfigMap."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.secretRef) != has(self.configMapRef)",
+            "set exactly one of secretRef and configMapRef",
+            ".secretRef",
+        ),
+    )
+
+
+class PodVolume(ApiModel):
+    """A Kubernetes volume: its name and one source (persistentVolumeClaim, configMap, secret,
+    csi, nfs, emptyDir, ...), of the types the installation allows."""
+
+    model_config = ConfigDict(extra="allow")  # the source: one of some thirty kinds, passed on
+
+    name: str = Field(
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="The volume's name, which volumeMounts use; the operator's own are taken: "
+        + ", ".join(OPERATOR_VOLUMES)
+        + ".",
+    )
+
+    cel_rules = (
+        CelRule(
+            f"!(self.name in {_cel_list(OPERATOR_VOLUMES)})",
+            "the operator names its own volumes so: " + ", ".join(OPERATOR_VOLUMES),
+            ".name",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PodVolume:
+        # Not expressible in CEL: the server shows a rule only the declared properties.
+        _one_volume_source(self.model_extra or {})
+        if not self.model_extra:
+            raise ValueError("a volume needs a source (for example persistentVolumeClaim)")
+        return self
+
+    def source_types(self) -> list[str]:
+        """The volume's source kinds (one in a valid volume): what the job policy allows."""
+        return sorted(self.model_extra or {})
+
+
+class VolumeMount(ApiModel):
+    """Where the Ray container mounts one of its pod's volumes."""
+
+    name: str = Field(max_length=63, pattern=DNS_LABEL_PATTERN)
+    """The volume: one of this pod's volumes or of spec.pods.volumes."""
+    mount_path: str = Field(min_length=2, max_length=4096, pattern="^/")
+    """Where, an absolute path; not where the operator mounts its own volumes nor the checkpoint
+    path."""
+    read_only: bool = False
+    """Mount it read-only (a models volume shared by every pod, say)."""
+    sub_path: str | None = Field(default=None, min_length=1, max_length=4096, pattern="^[^/]")
+    """Mount only this relative path inside the volume."""
+
+    cel_rules = (
+        _free_mount_path("mountPath"),
+        CelRule(
+            "!has(self.subPath) || !self.subPath.matches('(^|/)[.][.](/|$)')",
+            "subPath must not contain ..",
+            ".subPath",
+        ),
+    )
+
+
+def _reserved_keys_rule(what: str) -> CelRule:
+    domains = "|".join(domain.replace(".", "[.]") for domain in RESERVED_KEY_DOMAINS)
+    return CelRule(
+        f"self.all(k, !k.matches('^([^/]*[.])?({domains})/'))",
+        f"{what} under "
+        + " and ".join(f"{d}/" for d in RESERVED_KEY_DOMAINS)
+        + " (or their subdomains) are the operator's and KubeRay's",
+    )
+
+
+_LABELS_RULES = (LABEL_KEYS_RULE, _reserved_keys_rule("labels"))
+PodLabels = Annotated[
+    dict[str, LabelValue],
+    Field(max_length=64, json_schema_extra=_validations(_LABELS_RULES)),
+    _checked(_LABELS_RULES),
+]
+_ANNOTATIONS_RULES = (LABEL_KEYS_RULE, _reserved_keys_rule("annotations"))
+PodAnnotations = Annotated[
+    dict[str, str],
+    Field(max_length=64, json_schema_extra=_validations(_ANNOTATIONS_RULES)),
+    _checked(_ANNOTATIONS_RULES),
+]
+_RESOURCE_KEYS_RULES = (
+    CelRule(
+        LABEL_KEYS_RULE.rule,
+        "every key must be a resource name: [prefix/]name, as a label key (rdma/ib, "
+        "ephemeral-storage)",
+    ),
+    CelRule(
+        f"!self.exists(k, k in {_cel_list(OPERATOR_RESOURCES)})",
+        "cpu, memory and GPUs have their own fields (cpu, memory, gpus)",
+    ),
+)
+ExtraResources = Annotated[
+    dict[str, Quantity],
+    Field(max_length=16, json_schema_extra=_validations(_RESOURCE_KEYS_RULES)),
+    _checked(_RESOURCE_KEYS_RULES),
+]
+
+
+class PodOverrides(ApiModel):
+    """What a job adds to Ray pods: environment, volumes, labels, annotations, resources.
+
+    As `spec.pods` it applies to every Ray pod, the head's too; as a role's or the head's `pod`,
+    to those pods, on top of `spec.pods`: maps merged, lists joined (this pod's entry wins on an
+    equal env name, volume name or mount path), single values replaced.
+    """
+
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    """Environment variables of the Ray container (the driver's and every actor's). Name
+    secrets with valueFrom.secretKeyRef: the kubelet resolves it, and the value appears in no
+    object the operator writes."""
+    env_from: list[EnvFromSource] = Field(default_factory=list, max_length=16)
+    """Secrets and ConfigMaps whose every key becomes a variable. `env` wins over them, and the
+    operator's and KubeRay's own variables over both."""
+    volumes: list[PodVolume] = Field(default_factory=list, max_length=32)
+    """More volumes (a models volume, say), beside the operator's own and the checkpoint
+    volume."""
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=32)
+    """Where the Ray container mounts them."""
+    extra_resources: ExtraResources = Field(default_factory=dict)
+    """More resources per pod, requested and limited alike (extended resources must be): for
+    example `rdma/ib: 1` or `ephemeral-storage: 100Gi` (Kubernetes quantities)."""
+    shm_size: Quantity | None = None
+    """Size limit of the memory-backed /dev/shm (Ray's object store, NCCL), a quantity of bytes
+    counted against the pod's memory; unset: only the pod's memory limits it."""
+    labels: PodLabels = Field(default_factory=dict)
+    """Labels of the pods, beside the operator's and KubeRay's."""
+    annotations: PodAnnotations = Field(default_factory=dict)
+    """Annotations of the pods (a service mesh's, a log shipper's)."""
+
+    merge_keys: ClassVar[dict[str, str]] = {
+        "env": "name",
+        "volumes": "name",
+        "volume_mounts": "mount_path",
+    }
+    """The lists whose entries a pod's own overrides replace by key (the pod API's keys too);
+    other lists are joined."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        _unique("env", "name"),
+        _unique("volumes", "name"),
+        _unique("volumeMounts", "mountPath"),
+    )
+
+    def overlaid(self, pod: PodOverrides | None) -> PodOverrides:
+        """These overrides (spec.pods) with one pod's own laid over them."""
+        if pod is None:
+            return PodOverrides.model_construct(
+                **{name: getattr(self, name) for name in PodOverrides.model_fields}
+            )
+        values: dict[str, Any] = {}
+        for name in PodOverrides.model_fields:
+            low, high = getattr(self, name), getattr(pod, name)
+            if isinstance(low, dict):
+                values[name] = {**low, **high}
+            elif isinstance(low, list):
+                key = self.merge_keys.get(name)
+                if key is None:
+                    values[name] = [*low, *(item for item in high if item not in low)]
+                else:
+                    replaced = {getattr(item, key) for item in high}
+                    values[name] = [i for i in low if getattr(i, key) not in replaced] + high
+            else:
+                values[name] = low if high is None else high
+        return PodOverrides.model_construct(**values)
+
+
+class PullSecret(ApiModel):
+    """A Secret of the job's namespace with registry credentials (a dockerconfigjson)."""
+
+    name: ObjectName
+    """Its name."""
+
+
+class PodDefaults(PodOverrides):
+    """What a job adds to every Ray pod, and what only the whole job can choose: every pod of a
+    job is scheduled by one scheduler, at one priority (so that preemption never takes a job
+    apart role by role), and pulls the one image."""
+
+    priority_class_name: ObjectName | None = None
+    """The PriorityClass of every Ray pod (unset: the cluster's default)."""
+    scheduler_name: ObjectName | None = None
+    """The scheduler of every Ray pod, for example a gang scheduler's (unset: the default)."""
+    image_pull_secrets: list[PullSecret] = Field(default_factory=list, max_length=16)
+    """Secrets of the job's namespace that the kubelet pulls spec.image with."""
+
+    cel_rules = (
+        *PodOverrides.cel_rules,
+        _unique("imagePullSecrets", "name"),
+        CelRule(
+            "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes)"
+            " && self.volumes.exists(v, v.name == m.name))",
+            "every volumeMount must name one of spec.pods.volumes",
+            ".volumeMounts",
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Placement
 
 
@@ -342,6 +704,8 @@ class RoleSpec(ApiModel):
     """Tolerations for the pool's taints (GPU pools are usually tainted)."""
     affinity: FreeForm | None = None
     """A Kubernetes affinity, passed through unchanged."""
+    pod: PodOverrides | None = None
+    """What this role's pods add to spec.pods: environment, volumes, labels, resources."""
 
     placement_fields: ClassVar[tuple[str, ...]] = (
         "gpus",
@@ -350,6 +714,7 @@ class RoleSpec(ApiModel):
         "nodeSelector",
         "tolerations",
         "affinity",
+        "pod",
     )
 
 
@@ -444,10 +809,10 @@ class RolloutRoleSpec(ElasticRoleSpec):
             _unless_colocated(
                 "(!has(self.nodeSelector) || size(self.nodeSelector) == 0)"
                 " && (!has(self.tolerations) || size(self.tolerations) == 0)"
-                " && !has(self.affinity)"
+                " && !has(self.affinity) && !has(self.pod)"
             ),
-            "colocated engines run in the trainer's pods: set nodeSelector, tolerations and "
-            "affinity on roles.trainer",
+            "colocated engines run in the trainer's pods: set nodeSelector, tolerations, "
+            "affinity and pod on roles.trainer",
             ".placement",
         ),
         CelRule(
@@ -475,6 +840,10 @@ def actor_slots(spec: RoleSpec) -> int:
     if isinstance(spec, RolloutRoleSpec):
         return max(1, spec.gpus // spec.tensor_parallel_size)
     return max(1, spec.gpus)
+
+
+ROLE_NAMES = ("trainer", "rollout", "reference", "reward", "critic")
+"""Every role, in the order of their worker groups (manifests must be deterministic)."""
 
 
 class Roles(ApiModel):
@@ -512,13 +881,9 @@ class Roles(ApiModel):
 
         A colocated rollout has none: its engines live in the trainer's pods.
         """
-        roles: dict[str, RoleSpec | None] = {
-            "trainer": self.trainer,
-            "rollout": None if self.rollout.colocated else self.rollout,
-            "reference": self.reference,
-            "reward": self.reward,
-            "critic": self.critic,
-        }
+        roles: dict[str, RoleSpec | None] = {role: getattr(self, role) for role in ROLE_NAMES}
+        if self.rollout.colocated:
+            roles["rollout"] = None
         return {name: spec for name, spec in roles.items() if spec is not None}
 
 
@@ -533,6 +898,10 @@ class HeadSpec(ApiModel):
     """Node labels the head pod must land on."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Taints the head pod tolerates."""
+    pod: PodOverrides | None = None
+    """What the head pod adds to spec.pods: environment, volumes, labels, resources."""
+
+    cel_rules = (immutable("pod"),)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -839,17 +1208,7 @@ class CheckpointSpec(ApiModel):
     keep_last: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints the trainer keeps; older ones it removes (the operator never does)."""
 
-    cel_rules = (
-        CelRule(
-            f"self.path != '/' && !{_cel_list(RESERVED_MOUNT_PATHS)}"
-            ".exists(p, self.path == p || self.path == p + '/')"
-            f" && !{_cel_list(READ_ONLY_MOUNT_PATHS)}.exists(p, self.path.startsWith(p + '/'))",
-            "path must not be /, where the operator mounts a volume"
-            f" ({', '.join(RESERVED_MOUNT_PATHS)}) nor inside the read-only"
-            f" {', '.join(READ_ONLY_MOUNT_PATHS)}",
-            ".path",
-        ),
-    )
+    cel_rules = (_free_mount_path("path"),)
 
 
 class RecoverySpec(ApiModel):
@@ -911,6 +1270,38 @@ _HAS_TOKENIZER = "(!has(self.model.randomInit) || has(self.model.tokenizer))"
 policy directory may hold one; only the trainer can look)."""
 
 
+POD_PLACES = ("head", *(f"roles.{role}" for role in ROLE_NAMES))
+"""Where, below spec, a `pod` of overrides may be: the head and each role."""
+_MOUNT_LISTS = ("pods.volumeMounts", *(f"{place}.pod.volumeMounts" for place in POD_PLACES))
+
+
+def _present(path: str) -> str:
+    """CEL: every step of `path` below self is set."""
+    parts = path.split(".")
+    return " && ".join(f"has(self.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
+
+
+def _mounts_name_a_volume(place: str) -> CelRule:
+    mounts, own = f"{place}.pod.volumeMounts", f"{place}.pod.volumes"
+    return CelRule(
+        f"!({_present(mounts)}) || self.{mounts}.all(m,"
+        f" ({_present('pods.volumes')} && self.pods.volumes.exists(v, v.name == m.name))"
+        f" || ({_present(own)} && self.{own}.exists(v, v.name == m.name)))",
+        "every volumeMount must name a volume of this pod or of spec.pods",
+        f".{mounts}",
+    )
+
+
+def _mounts_avoid_the_checkpoint(mounts: str) -> CelRule:
+    return CelRule(
+        f"!({_present(mounts)}) || !has(self.checkpoint) || self.{mounts}.all(m,"
+        " m.mountPath != self.checkpoint.path && m.mountPath != self.checkpoint.path + '/'"
+        " && m.mountPath + '/' != self.checkpoint.path)",
+        "no volumeMount may be at checkpoint.path, where the checkpoint volume is mounted",
+        f".{mounts}",
+    )
+
+
 class RLHFJobSpec(ApiModel):
     """What to train, where, and how to keep it alive."""
 
@@ -928,6 +1319,10 @@ class RLHFJobSpec(ApiModel):
     """ServiceAccount of the Ray pods, if the installation allows it (its job policy); it must
     be allowed to renew this job's heartbeat Lease. Unset: the job's own, which the operator
     creates."""
+    pods: PodDefaults | None = None
+    """What every Ray pod gets, the head's too (a role's or the head's own `pod` adds to it):
+    environment, volumes, labels, resources; and the job's priority class, scheduler and image
+    pull secrets."""
     model: ModelSpec
     algorithm: AlgorithmSpec
     dataset: DatasetSpec
@@ -977,9 +1372,30 @@ class RLHFJobSpec(ApiModel):
         ),
         *(
             immutable(field)
-            for field in ("image", "model", "algorithm", "dataset", "reward", "checkpoint")
+            for field in ("image", "pods", "model", "algorithm", "dataset", "reward", "checkpoint")
         ),
+        *(_mounts_name_a_volume(place) for place in POD_PLACES),
+        *(_mounts_avoid_the_checkpoint(mounts) for mounts in _MOUNT_LISTS),
     )
+
+    def pod_places(self) -> dict[str, PodOverrides]:
+        """The pod overrides the job sets, by field path (`spec.pods`, `spec.head.pod`,
+        `spec.roles.trainer.pod`, ...): what the job policy checks."""
+        places: dict[str, PodOverrides | None] = {"spec.pods": self.pods}
+        for place in POD_PLACES:
+            owner: Any = self
+            for part in place.split("."):
+                owner = getattr(owner, part) if owner is not None else None
+            places[f"spec.{place}.pod"] = owner.pod if owner is not None else None
+        return {path: pod for path, pod in places.items() if pod is not None}
+
+    def pod_overrides(self, group: str) -> PodOverrides:
+        """What the pods of `group` (``head`` or a role) get: their own over spec.pods."""
+        owner: HeadSpec | RoleSpec | None = (
+            self.head if group == "head" else getattr(self.roles, group)
+        )
+        assert owner is not None, f"no {group} in the job"
+        return (self.pods or PodOverrides()).overlaid(owner.pod)
 
 
 # ---------------------------------------------------------------------------------------------

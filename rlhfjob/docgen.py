@@ -80,6 +80,26 @@ def _bounds(node: dict[str, Any]) -> str:
     return "".join(f", {part}" for part in parts)
 
 
+_ROLE_PATH = re.compile(r"^spec[.]roles[.](" + "|".join(api.ROLE_NAMES) + r")([.].*)?$")
+
+
+def _every_role(paths: list[str]) -> list[str]:
+    """`paths`, those under every role written once as `spec.roles.<role>...`."""
+    under_roles: dict[str, set[str]] = {}
+    for path in paths:
+        if match := _ROLE_PATH.match(path):
+            under_roles.setdefault(match.group(2) or "", set()).add(match.group(1))
+    shown: list[str] = []
+    for path in paths:
+        match = _ROLE_PATH.match(path)
+        rest = match.group(2) or "" if match else ""
+        if match and under_roles.get(rest) == set(api.ROLE_NAMES):
+            path = f"spec.roles.<role>{rest}"
+        if path not in shown:
+            shown.append(path)
+    return shown
+
+
 class _Reference:
     """Walks the models' JSON schema once: sections by first appearance, the paths of each."""
 
@@ -164,7 +184,8 @@ class _Reference:
     def render(self) -> str:
         parts = [HEADER]
         for section in self.sections.values():
-            where = ", ".join(f"`{path}`" for path in section.paths) or "the object itself"
+            where = ", ".join(f"`{path}`" for path in _every_role(section.paths))
+            where = where or "the object itself"
             parts.append(
                 f"## {section.name}\n\n{self.description(section.schema)}\n\nAt: {where}.\n\n"
                 "| Field | Type | Default | Description |\n| --- | --- | --- | --- |\n"

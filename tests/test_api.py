@@ -11,7 +11,9 @@ from rlhf_operator import builder, names
 from rlhfjob import api
 from rlhfjob.api import Phase, RLHFJob, RLHFJobSpec
 from rlhfjob.config import InvalidJobError, load_job, parse_job
+from rlhfjob.contract import PodEnv
 from rlhfjob.invalid_cases import INVALID_CASES, MODEL_ONLY_CASES, valid_job
+from rlhfjob.patches import merge_patch
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 
@@ -130,9 +132,10 @@ def test_a_name_of_the_longest_allowed_length_derives_valid_names_unshortened() 
 
 def test_reserved_mount_paths_are_the_operators_mounts() -> None:
     job = parse_job(valid_job())
-    _, mounts = builder._volumes(job)
+    volumes, mounts = builder._volumes(job, job.spec.pod_overrides("trainer"))
     checkpoints = {job.spec.checkpoint.path}
     assert {mount["mountPath"] for mount in mounts} == set(api.RESERVED_MOUNT_PATHS) | checkpoints
+    assert [volume["name"] for volume in volumes] == list(api.OPERATOR_VOLUMES)
     read_only = {mount["mountPath"] for mount in mounts if mount.get("readOnly")}
     assert read_only == set(api.READ_ONLY_MOUNT_PATHS)
 
@@ -198,3 +201,65 @@ def test_image_references_the_runtime_accepts(image: str) -> None:
     document = valid_job()
     document["spec"]["image"] = image
     parse_job(document)
+
+
+def test_a_pods_own_overrides_go_over_spec_pods() -> None:
+    """Maps merged, lists joined (the pod's entry wins on its key), single values replaced."""
+    job = parse_job(
+        merge_patch(
+            valid_job(),
+            {
+                "spec": {
+                    "pods": {
+                        "labels": {"team": "a", "tier": "x"},
+                        "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+                        "envFrom": [{"configMapRef": {"name": "common"}}],
+                        "volumes": [{"name": "models", "emptyDir": {}}],
+                        "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+                        "shmSize": "1Gi",
+                    },
+                    "roles": {
+                        "trainer": {
+                            "pod": {
+                                "labels": {"tier": "train"},
+                                "env": [{"name": "B", "value": "3"}, {"name": "C", "value": "4"}],
+                                "envFrom": [
+                                    {"configMapRef": {"name": "common"}},
+                                    {"secretRef": {"name": "own"}},
+                                ],
+                                "volumes": [{"name": "models", "configMap": {"name": "m"}}],
+                                "volumeMounts": [
+                                    {"name": "models", "mountPath": "/models", "readOnly": True}
+                                ],
+                                "extraResources": {"rdma/ib": 1},
+                            }
+                        }
+                    },
+                }
+            },
+        )
+    )
+    trainer = job.spec.pod_overrides("trainer")
+    assert trainer.labels == {"team": "a", "tier": "train"}
+    assert [(var.name, var.value) for var in trainer.env] == [("A", "1"), ("B", "3"), ("C", "4")]
+    assert [source.wire() for source in trainer.env_from] == [
+        {"configMapRef": {"name": "common", "optional": False}},
+        {"secretRef": {"name": "own", "optional": False}},
+    ]
+    assert [volume.wire() for volume in trainer.volumes] == [
+        {"name": "models", "configMap": {"name": "m"}}
+    ]
+    assert [mount.read_only for mount in trainer.volume_mounts] == [True]
+    assert trainer.shm_size == "1Gi" and trainer.extra_resources == {"rdma/ib": 1}
+    rollout = job.spec.pod_overrides("rollout")  # no pod of its own: spec.pods as it is
+    assert rollout.labels == {"team": "a", "tier": "x"} and rollout.extra_resources == {}
+    assert [var.value for var in rollout.env] == ["1", "2"]
+    assert set(job.spec.pod_places()) == {"spec.pods", "spec.roles.trainer.pod"}
+
+
+def test_reserved_env_names_are_what_the_operator_writes() -> None:
+    job = parse_job(valid_job())
+    written = {var["name"] for var in builder._pod_env(job, "head", job.spec.pod_overrides("head"))}
+    written |= set(PodEnv(attempt=1).to_env())  # the Ray job submission's
+    assert written <= set(api.RESERVED_ENV)
+    assert {"RAY_ADDRESS", "RAY_AUTH_TOKEN"} <= set(api.RESERVED_ENV)

@@ -54,3 +54,22 @@ def test_render_of_an_invalid_file_is_a_clear_error_not_a_traceback(tmp_path: Pa
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "spec.image: Field required" in result.stderr
+
+
+def test_render_shows_pod_overrides_and_only_references_to_secrets() -> None:
+    result = _run("render", "examples/grpo-hf-secrets-and-models.yaml")
+    assert result.returncode == 0, result.stderr
+    cluster, config_map = yaml.safe_load_all(result.stdout)
+    assert config_map["kind"] == "ConfigMap", "render prints no Secret"
+    head = cluster["spec"]["headGroupSpec"]["template"]
+    container = head["spec"]["containers"][0]
+    (token,) = [var for var in container["env"] if var["name"] == "HF_TOKEN"]
+    assert token == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": False}},
+    }
+    assert container["envFrom"] == [{"secretRef": {"name": "wandb", "optional": False}}]
+    assert head["spec"]["priorityClassName"] == "research-high"
+    assert head["metadata"]["labels"]["team"] == "alignment"
+    trainer = cluster["spec"]["workerGroupSpecs"][0]["template"]
+    assert trainer["spec"]["containers"][0]["resources"]["limits"]["rdma/ib"] == "1"

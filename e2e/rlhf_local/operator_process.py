@@ -11,6 +11,7 @@ restarts). `apply_admission_policy` installs the chart's ValidatingAdmissionPoli
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -23,10 +24,12 @@ from typing import Any
 
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from rlhf_local import cluster
 from rlhf_local.harness import LocalCluster, wait_for
 from rlhf_operator.ray_auth import RayAuth
+from rlhfjob import api
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/rlhfjob"
@@ -138,6 +141,21 @@ def remove_admission_policy(lc: LocalCluster, manifests: list[dict[str, Any]]) -
     for manifest in reversed(manifests):
         kind, name = manifest["kind"].lower(), manifest["metadata"]["name"]
         lc.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
+
+
+def refusal(lc: LocalCluster, body: dict[str, Any]) -> str | None:
+    """Why the API server refuses to create the RLHFJob `body` (a dry run: nothing is created),
+    as `HTTP <status>: <its message>`; None when it accepts it."""
+    namespace = body["metadata"]["namespace"]
+    try:
+        lc.custom.create_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, body,
+            dry_run="All", field_validation="Strict",
+        )  # fmt: skip
+    except ApiException as error:
+        text = error.body or "{}"
+        return f"HTTP {error.status}: {json.loads(text).get('message', text)}"
+    return None
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 A real Ray pod runs with its container's environment, its ConfigMap volumes mounted and its
 ServiceAccount's token. The stand-in runs Ray on this machine instead, so it recreates those
-three things for each Ray node it starts: the container's env vars (literal ones, and those
-from a Secret key, as the kubelet resolves them: the Ray token KubeRay injects); each ConfigMap
+three things for each Ray node it starts: the container's env vars as the kubelet resolves them
+(`envFrom` Secrets and ConfigMaps first, each key with its prefix, then `env`: literal values
+and Secret or ConfigMap keys, such as the Ray token KubeRay injects); each ConfigMap
 volume written to a local directory (env values under the mount path are rewritten to point
 there); and, unless the pod opts out of a token (`automountServiceAccountToken: false`), a
 kubeconfig that authenticates as the pod's ServiceAccount, so the trainer's heartbeat has
@@ -14,12 +15,17 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client
+
+from rlhfjob.api import ENV_NAME_PATTERN
+
+_ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 
 def _write_config_maps(core: client.CoreV1Api, pod: Any, root: Path) -> dict[str, str]:
@@ -46,16 +52,42 @@ def _write_config_maps(core: client.CoreV1Api, pod: Any, root: Path) -> dict[str
     return local
 
 
-def _secret_value(core: client.CoreV1Api, namespace: str, ref: Any) -> str | None:
-    """A `secretKeyRef`'s value; None when the Secret or key is missing (a kubelet would wait)."""
+def _object_data(core: client.CoreV1Api, namespace: str, kind: str, name: str) -> dict[str, str]:
+    """A Secret's (decoded) or ConfigMap's data; empty when it is missing (a kubelet would wait
+    for it, or start without it when the reference is optional)."""
     try:
-        secret = core.read_namespaced_secret(ref.name, namespace)
+        if kind == "secret":
+            encoded = core.read_namespaced_secret(name, namespace).data or {}
+            return {key: base64.b64decode(value).decode() for key, value in encoded.items()}
+        return dict(core.read_namespaced_config_map(name, namespace).data or {})
     except client.ApiException as error:
         if error.status != 404:
             raise
-        return None
-    encoded = (secret.data or {}).get(ref.key)
-    return base64.b64decode(encoded).decode() if encoded is not None else None
+        return {}
+
+
+def _env_from(core: client.CoreV1Api, namespace: str, sources: list[Any]) -> dict[str, str]:
+    """What `envFrom` gives: every key, prefixed; later sources win, keys that are no variable
+    name are skipped (as the kubelet does)."""
+    env: dict[str, str] = {}
+    for source in sources:
+        for kind, ref in (("secret", source.secret_ref), ("configmap", source.config_map_ref)):
+            if ref is None:
+                continue
+            for key, value in _object_data(core, namespace, kind, ref.name).items():
+                name = (source.prefix or "") + key
+                if _ENV_NAME.match(name):
+                    env[name] = value
+    return env
+
+
+def _value_from(core: client.CoreV1Api, namespace: str, source: Any) -> str | None:
+    """A `valueFrom`'s value (a Secret's or ConfigMap's key); None when missing or of another
+    kind (nothing local resolves a fieldRef)."""
+    for kind, ref in (("secret", source.secret_key_ref), ("configmap", source.config_map_key_ref)):
+        if ref is not None:
+            return _object_data(core, namespace, kind, ref.name).get(ref.key)
+    return None
 
 
 def _service_account_kubeconfig(
@@ -98,13 +130,14 @@ def pod_environment(
     """Environment variables that make a local process look like it runs in `pod`."""
     root.mkdir(parents=True, exist_ok=True)
     mounted = _write_config_maps(core, pod, root)
-    env: dict[str, str] = {}
-    for var in pod.spec.containers[0].env or []:
+    container, namespace = pod.spec.containers[0], pod.metadata.namespace
+    env = _env_from(core, namespace, container.env_from or [])
+    for var in container.env or []:
         value = var.value
-        if value is None and var.value_from is not None and var.value_from.secret_key_ref:
-            value = _secret_value(core, pod.metadata.namespace, var.value_from.secret_key_ref)
+        if value is None and var.value_from is not None:
+            value = _value_from(core, namespace, var.value_from)
         if value is None:
-            continue  # another valueFrom: nothing local to resolve it from
+            continue  # missing, or nothing local to resolve it from
         for mount_path, directory in mounted.items():
             if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
                 value = directory + value[len(mount_path.rstrip("/")) :]

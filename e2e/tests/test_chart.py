@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
 
 from rlhf_local import cluster
 from rlhf_local.harness import wait_for
@@ -30,6 +29,7 @@ from rlhf_local.operator_process import (
     chart_deployment,
     chart_manifests,
     chart_service_account,
+    refusal,
     remove_admission_policy,
 )
 from rlhf_local.testing import LocalCluster
@@ -264,7 +264,7 @@ def test_admission_policy_is_rendered_from_the_job_policy_values() -> None:
     assert json.loads(variables["allowedServiceAccounts"]) == ["rlhf-trainer"]
     assert "has(object.spec.checkpoint.volume)" in variables["volume"]
     assert "has(object.spec.serviceAccountName)" in variables["namesServiceAccount"]
-    volume, account, own = spec["validations"]
+    volume, account, own, *_pod_volumes = spec["validations"]  # pods: test_pod_overrides.py
     assert "variables.allowedVolumeTypes" in volume["expression"]
     assert "variables.allowedServiceAccounts" in account["expression"]
     for validation, field in [
@@ -342,16 +342,7 @@ def _refusal(lc: LocalCluster, namespace: str, spec: dict[str, Any]) -> str | No
         example,
         {"metadata": {"name": "borrowed-power", "namespace": namespace}, "spec": spec},
     )
-    try:
-        lc.custom.create_namespaced_custom_object(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, body,
-            dry_run="All", field_validation="Strict",
-        )  # fmt: skip
-    except ApiException as error:
-        body_text = error.body or "{}"
-        message = json.loads(body_text).get("message", body_text)
-        return f"HTTP {error.status}: {message}"
-    return None
+    return refusal(lc, body)
 
 
 def test_admission_policy_refuses_borrowed_power(

@@ -30,7 +30,14 @@ from rlhf_operator.names import (
     trainer_service_account,
 )
 from rlhfjob import api
-from rlhfjob.api import ElasticRoleSpec, RLHFJob, RoleSpec, Toleration
+from rlhfjob.api import (
+    ElasticRoleSpec,
+    PodDefaults,
+    PodOverrides,
+    RLHFJob,
+    RoleSpec,
+    Toleration,
+)
 from rlhfjob.contract import PodEnv
 from rlhfjob.contract.kuberay import RAY_API_VERSION, RAY_CLUSTER_KIND
 
@@ -38,7 +45,7 @@ JOB_CONFIG_DIR = api.JOB_CONFIG_DIR
 JOB_CONFIG_FILE = "job.yaml"
 SHM_PATH = api.SHM_PATH
 WRITABLE_PATHS = api.WRITABLE_PATHS
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = api.GPU_RESOURCE
 RAY_AUTH_TOKEN_KEY = "auth_token"
 """The key KubeRay reads the token from in `authOptions.secretName`."""
 
@@ -89,11 +96,13 @@ def build_config_map(job: RLHFJob) -> dict[str, Any]:
     }
 
 
-def _resources(cpu: int | str, memory: int | str, gpus: int = 0) -> dict[str, Any]:
+def _resources(cpu: int | str, memory: int | str, gpus: int, pod: PodOverrides) -> dict[str, Any]:
     amounts: dict[str, Any] = {"cpu": str(cpu), "memory": str(memory)}
     if gpus:
         amounts[GPU_RESOURCE] = str(gpus)
-    # Requests equal limits: training pods are Guaranteed QoS and are not evicted first.
+    amounts.update((name, str(amount)) for name, amount in sorted(pod.extra_resources.items()))
+    # Requests equal limits: training pods are Guaranteed QoS and are not evicted first (and
+    # extended resources such as rdma/ib must be requested as they are limited).
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
@@ -101,22 +110,28 @@ def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
     return [toleration.wire() for toleration in tolerations]
 
 
-def _volumes(job: RLHFJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(job: RLHFJob, pod: PodOverrides) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The operator's volumes and mounts, then the job's own (the API keeps them apart)."""
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if pod.shm_size is not None:
+        shm["sizeLimit"] = str(pod.shm_size)
     volumes: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": api.SHM_VOLUME, "emptyDir": shm},
         *({"name": name, "emptyDir": {}} for name in WRITABLE_PATHS),
-        {"name": "job-config", "configMap": {"name": config_map_name(job)}},
+        {"name": api.JOB_CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": "dshm", "mountPath": SHM_PATH},
+        {"name": api.SHM_VOLUME, "mountPath": SHM_PATH},
         *({"name": name, "mountPath": path} for name, path in WRITABLE_PATHS.items()),
-        {"name": "job-config", "mountPath": JOB_CONFIG_DIR, "readOnly": True},
+        {"name": api.JOB_CONFIG_VOLUME, "mountPath": JOB_CONFIG_DIR, "readOnly": True},
     ]
     # Without a volume the root filesystem, read-only, could not hold checkpoints: an emptyDir
     # does, for the pod's lifetime (a smoke test's; real jobs name a shared volume).
     source = job.spec.checkpoint.volume or {"emptyDir": {}}
-    volumes.append({"name": "checkpoints", **source})
-    mounts.append({"name": "checkpoints", "mountPath": job.spec.checkpoint.path})
+    volumes.append({"name": api.CHECKPOINT_VOLUME, **source})
+    mounts.append({"name": api.CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.path})
+    volumes += [volume.wire() for volume in pod.volumes]
+    mounts += [mount.wire() for mount in pod.volume_mounts]
     return volumes, mounts
 
 
@@ -137,14 +152,31 @@ _POD_SECURITY = {
 }
 
 
-def _pod_env(job: RLHFJob, role: str) -> list[dict[str, str]]:
+def _pod_env(job: RLHFJob, role: str, pod: PodOverrides) -> list[dict[str, Any]]:
+    """The contract's variables, then the job's own: references stay references (the kubelet
+    resolves them; the operator never reads a Secret)."""
     env = PodEnv(
         job_name=job.metadata.name,
         job_namespace=job.metadata.namespace,
         role=role,
         job_config=f"{JOB_CONFIG_DIR}/{JOB_CONFIG_FILE}",
     )
-    return [{"name": name, "value": value} for name, value in env.to_env().items()]
+    contract = [{"name": name, "value": value} for name, value in env.to_env().items()]
+    return contract + [var.wire() for var in pod.env]
+
+
+def _whole_job(pods: PodDefaults | None) -> dict[str, Any]:
+    """What only the whole job chooses, alike in every pod: priority, scheduler, pull secrets."""
+    if pods is None:
+        return {}
+    chosen: dict[str, Any] = {}
+    if pods.priority_class_name:
+        chosen["priorityClassName"] = pods.priority_class_name
+    if pods.scheduler_name:
+        chosen["schedulerName"] = pods.scheduler_name
+    if pods.image_pull_secrets:
+        chosen["imagePullSecrets"] = [secret.wire() for secret in pods.image_pull_secrets]
+    return chosen
 
 
 def _pod_template(
@@ -152,22 +184,25 @@ def _pod_template(
     *,
     role: str,
     container_name: str,
-    resources: dict[str, Any],
-    node_selector: dict[str, str],
-    tolerations: list[Toleration],
-    affinity: dict[str, Any] | None,
+    spec: RoleSpec | api.HeadSpec,
     ports: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    volumes, mounts = _volumes(job)
+    """One group's pod: the role's placement and resources, the operator's volumes and
+    environment, and what the job adds (`spec.pods` with the group's own `pod` over it)."""
+    pod = job.spec.pod_overrides(role)
+    volumes, mounts = _volumes(job, pod)
+    gpus = spec.gpus if isinstance(spec, RoleSpec) else 0
     container: dict[str, Any] = {
         "name": container_name,
         "image": job.spec.image,
         "imagePullPolicy": job.spec.image_pull_policy,
-        "resources": resources,
-        "env": _pod_env(job, role),
-        "volumeMounts": mounts,
-        "securityContext": copy.deepcopy(_CONTAINER_SECURITY),
+        "resources": _resources(spec.cpu, spec.memory, gpus, pod),
+        "env": _pod_env(job, role, pod),
     }
+    if pod.env_from:
+        container["envFrom"] = [source.wire() for source in pod.env_from]
+    container["volumeMounts"] = mounts
+    container["securityContext"] = copy.deepcopy(_CONTAINER_SECURITY)
     if ports:
         container["ports"] = ports
     pod_spec: dict[str, Any] = {
@@ -178,13 +213,20 @@ def _pod_template(
         "containers": [container],
         "volumes": volumes,
     }
-    if node_selector:
-        pod_spec["nodeSelector"] = dict(sorted(node_selector.items()))
-    if tolerations:
-        pod_spec["tolerations"] = _tolerations(tolerations)
-    if affinity:
-        pod_spec["affinity"] = affinity
-    return {"metadata": {"labels": {**job_labels(job), LABEL_ROLE: role}}, "spec": pod_spec}
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.node_selector.items()))
+    if spec.tolerations:
+        pod_spec["tolerations"] = _tolerations(spec.tolerations)
+    if isinstance(spec, RoleSpec) and spec.affinity:
+        pod_spec["affinity"] = spec.affinity
+    pod_spec.update(_whole_job(job.spec.pods))
+    metadata: dict[str, Any] = {
+        # The operator's labels last: they select the job's pods (NetworkPolicy, the operator).
+        "labels": {**dict(sorted(pod.labels.items())), **job_labels(job), LABEL_ROLE: role}
+    }
+    if pod.annotations:
+        metadata["annotations"] = dict(sorted(pod.annotations.items()))
+    return {"metadata": metadata, "spec": pod_spec}
 
 
 def _worker_group(job: RLHFJob, role: str, spec: RoleSpec) -> dict[str, Any]:
@@ -198,21 +240,12 @@ def _worker_group(job: RLHFJob, role: str, spec: RoleSpec) -> dict[str, Any]:
         "maxReplicas": spec.replicas,
         # KubeRay's format: the value is itself a quoted JSON string.
         "rayStartParams": {"resources": json.dumps(json.dumps(advertised))},
-        "template": _pod_template(
-            job,
-            role=role,
-            container_name="ray-worker",
-            resources=_resources(spec.cpu, spec.memory, spec.gpus),
-            node_selector=spec.node_selector,
-            tolerations=spec.tolerations,
-            affinity=spec.affinity,
-        ),
+        "template": _pod_template(job, role=role, container_name="ray-worker", spec=spec),
     }
 
 
 def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
     """The `ray.io/v1` RayCluster for a job: a CPU head plus one worker group per enabled role."""
-    head = job.spec.head
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": RAY_CLUSTER_KIND,
@@ -227,14 +260,7 @@ def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
                 # num-cpus 0: the head runs only the driver; actors go to their role's pool.
                 "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
                 "template": _pod_template(
-                    job,
-                    role="head",
-                    container_name="ray-head",
-                    resources=_resources(head.cpu, head.memory),
-                    node_selector=head.node_selector,
-                    tolerations=head.tolerations,
-                    affinity=None,
-                    ports=RAY_PORTS,
+                    job, role="head", container_name="ray-head", spec=job.spec.head, ports=RAY_PORTS
                 ),
             },
             "workerGroupSpecs": [

@@ -1,7 +1,8 @@
 """What a job may ask of the operator's power: volume types and the Ray pods' identity.
 
 The operator can create pods in every namespace it serves, so a job must not borrow power
-through it: a `hostPath` checkpoint volume (the node's disk), or a ServiceAccount it was not
+through it: a `hostPath` volume (the node's disk), a Secret of its namespace read through a
+volume or the environment where Secret volumes are not allowed, or a ServiceAccount it was not
 given (the operator's own, or any other in its namespace). The platform engineer sets the policy
 in the chart's values; the chart also renders it as a ValidatingAdmissionPolicy, so a job is
 refused at apply. This module is the same policy in the operator, checked at the first
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfjob.api import RLHFJob
+from rlhfjob.api import PodOverrides, RLHFJob
 
 DEFAULT_VOLUME_TYPES = (
     "persistentVolumeClaim",
@@ -22,7 +23,25 @@ DEFAULT_VOLUME_TYPES = (
     "configMap",
     "secret",
 )
-"""Volume sources a checkpoint volume may use unless the policy says otherwise."""
+"""Volume sources a job's volumes may use unless the policy says otherwise."""
+
+
+def _secret_references(path: str, pod: PodOverrides) -> list[str]:
+    """Where `pod` reads a Secret into the environment: as much power as a `secret` volume."""
+    refs = [
+        f"{path}.env[{index}].valueFrom.secretKeyRef"
+        for index, var in enumerate(pod.env)
+        if var.value_from is not None and var.value_from.secret_key_ref is not None
+    ]
+    refs += [
+        f"{path}.envFrom[{index}].secretRef"
+        for index, source in enumerate(pod.env_from)
+        if source.secret_ref is not None
+    ]
+    return [
+        f"{ref}: Secrets may not be read here (the job policy does not allow secret volumes)"
+        for ref in refs
+    ]
 
 
 @dataclass(frozen=True)
@@ -40,12 +59,12 @@ class JobPolicy:
         found: list[str] = []
         volume = job.spec.checkpoint.volume
         if volume is not None:
-            refused = sorted(key for key in volume if key not in self.allowed_volume_types)
-            if refused:
-                found.append(
-                    f"spec.checkpoint.volume: volume type {', '.join(refused)} is not allowed "
-                    f"here (allowed: {', '.join(self.allowed_volume_types)})"
-                )
+            found += self._volume_problems("spec.checkpoint.volume", sorted(volume))
+        for path, pod in job.spec.pod_places().items():
+            for index, extra in enumerate(pod.volumes):
+                found += self._volume_problems(f"{path}.volumes[{index}]", extra.source_types())
+            if "secret" not in self.allowed_volume_types:
+                found += _secret_references(path, pod)
         account = job.spec.service_account_name
         if account is not None:
             if self._is_operator(job, account):
@@ -59,6 +78,15 @@ class JobPolicy:
                     f"{allowed}; leave it unset for the job's own ServiceAccount)"
                 )
         return found
+
+    def _volume_problems(self, field: str, types: list[str]) -> list[str]:
+        refused = [kind for kind in types if kind not in self.allowed_volume_types]
+        if not refused:
+            return []
+        return [
+            f"{field}: volume type {', '.join(refused)} is not allowed here "
+            f"(allowed: {', '.join(self.allowed_volume_types)})"
+        ]
 
     def _is_operator(self, job: RLHFJob, account: str) -> bool:
         return (

@@ -9,13 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-ENV_JOB_NAME = "RLHF_JOB_NAME"
-ENV_JOB_NAMESPACE = "RLHF_JOB_NAMESPACE"
-ENV_ROLE = "RLHF_ROLE"
-ENV_JOB_CONFIG = "RLHF_JOB_CONFIG"
-"""Path of the job file (the ConfigMap mounted in every pod)."""
-ENV_ATTEMPT = "RLHF_ATTEMPT"
-"""Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
+# The names live with the API, whose rules keep a job's own variables off them.
+from rlhfjob.api import ENV_ATTEMPT, ENV_JOB_CONFIG, ENV_JOB_NAME, ENV_JOB_NAMESPACE, ENV_ROLE
 
 _NAMES = {
     "job_name": ENV_JOB_NAME,

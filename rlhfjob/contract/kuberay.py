@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rlhfjob.api import GROUP
+from rlhfjob.api import GROUP, KUBERAY_GROUP
 
-RAY_GROUP = "ray.io"
+RAY_GROUP = KUBERAY_GROUP
 RAY_VERSION = "v1"
 RAY_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"
 RAY_CLUSTERS = "rayclusters"

@@ -290,6 +290,14 @@ def test_tokens_differ_by_job_and_by_key() -> None:
     [
         ({"checkpoint": {"volume": {"hostPath": {"path": "/"}}}}, "spec.checkpoint.volume"),
         ({"serviceAccountName": "someone-elses"}, "spec.serviceAccountName"),
+        (
+            {
+                "roles": {
+                    "trainer": {"pod": {"volumes": [{"name": "n", "hostPath": {"path": "/"}}]}}
+                }
+            },
+            "spec.roles.trainer.pod.volumes[0]",
+        ),
     ],
 )
 def test_a_job_that_borrows_power_fails_before_any_cluster_exists(
@@ -407,6 +415,16 @@ def test_an_invalid_job_fails_with_the_reason() -> None:
     assert "spec.algorithm.totalSteps" in world.status["message"]
     assert world.reasons() == ["InvalidSpec"]
     assert world.kube.applied == []
+
+
+def test_a_job_only_the_models_can_refuse_fails_naming_the_field() -> None:
+    """A pod volume of two sources passes the CRD (its source is free-form): the operator's
+    first reconcile refuses it."""
+    world = World(pods={"volumes": [{"name": "m", "emptyDir": {}, "configMap": {"name": "m"}}]})
+    assert world.reconcile() is None
+    assert world.status["phase"] == "Failed"
+    assert "spec.pods.volumes[0]: a volume has one source" in world.status["message"]
+    assert world.reasons() == ["InvalidSpec"] and world.kube.applied == []
 
 
 def test_a_deleted_job_is_forgotten() -> None:
