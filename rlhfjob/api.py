@@ -1207,6 +1207,11 @@ class CheckpointSpec(ApiModel):
     """Checkpoint every this many training steps (and at the last step and on SIGTERM)."""
     keep_last: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints the trainer keeps; older ones it removes (the operator never does)."""
+    stop_grace_period_seconds: int = Field(default=600, ge=0, le=86400)
+    """Seconds a training driver gets to finish its step and checkpoint it when the job's
+    cluster is released while it trains (suspend, preemption): the operator asks it to stop,
+    waits up to this long for it to exit, then releases the cluster anyway. 0: release at
+    once; the job then resumes from its last interval checkpoint."""
 
     cel_rules = (_free_mount_path("path"),)
 
@@ -1424,6 +1429,7 @@ class ConditionType(StrEnum):
     TRAINER_RUNNING = "TrainerRunning"
     HEALTHY = "Healthy"
     DEGRADED = "Degraded"
+    DRAINING = "Draining"
     SUSPENDED = "Suspended"
     COMPLETE = "Complete"
     FAILED = "Failed"

@@ -10,9 +10,12 @@ log and checkpoints) to check that every step after the last checkpoint was trai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,11 @@ from rlhf_local.harness import wait_for
 from rlhf_local.jobs import Jobs, ray_get
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.paths import REPO_ROOT
+from rlhfjob import api
 from rlhfjob.patches import merge_patch
 
 EXAMPLE = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"
+LABEL_JOB = f"{api.GROUP}/job"
 STEP_LOG = "metrics.jsonl"
 
 
@@ -97,6 +102,31 @@ def delete_pod(jobs: Jobs, cluster: str, group: str) -> str:
     pod = sorted(pods, key=lambda p: p.metadata.name)[-1]
     jobs.lc.core.delete_namespaced_pod(pod.metadata.name, jobs.namespace, grace_period_seconds=0)
     return str(pod.metadata.name)
+
+
+@contextlib.contextmanager
+def node_drain(jobs: Jobs, cluster: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`kubectl drain` the node of one trainer pod of `cluster` (only that job's pods, so
+    nothing else in the cluster is disturbed), in the background as an administrator runs it:
+    it cordons the node, then retries the evictions until they are allowed. Yields the node and
+    the running drain; the node is uncordoned on leaving."""
+    from rlhf_local import cluster as local
+
+    pods = jobs.pods(cluster, "trainer")
+    assert pods and pods[0].spec.node_name, f"no scheduled trainer pod in {cluster}"
+    node = str(pods[0].spec.node_name)
+    drain = subprocess.Popen(
+        [str(local.binaries().kubectl), f"--kubeconfig={local.kubeconfig_path()}", "drain",
+         node, f"--pod-selector={LABEL_JOB}={cluster}", "--ignore-daemonsets",
+         "--delete-emptydir-data", "--timeout=300s"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        yield node, drain
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+        local.kubectl("uncordon", node)
 
 
 def corrupt_checkpoint(step_dir: Path) -> Path:

@@ -106,7 +106,8 @@ def test_watch_namespaces_gives_one_role_per_namespace() -> None:
     manifests = chart_manifests("watchNamespaces={team-a,team-b}")
     roles = sorted(m["metadata"]["namespace"] for m in _of_kind(manifests, "Role"))
     assert roles == ["team-a", "team-b"]
-    assert not _of_kind(manifests, "ClusterRole")
+    (nodes,) = _of_kind(manifests, "ClusterRole")  # nodes are cluster-wide: read-only, alone
+    assert nodes["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     args = _container(manifests)["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     _, binding = _admission(manifests)
@@ -181,6 +182,12 @@ def test_rbac_writes_secrets_and_network_policies_but_never_reads_secrets(
 ) -> None:
     manifests = chart_manifests(*watch)
     roles = _of_kind(manifests, "ClusterRole") + _of_kind(manifests, "Role")
+    # The one role for nodes (cluster-wide in either mode) lists them, nothing more.
+    nodes = [r for r in roles if r["metadata"]["name"].endswith("-nodes")]
+    assert [r["rules"] for r in nodes] == [
+        [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+    ]
+    roles = [r for r in roles if r not in nodes]
     assert roles
     for role in roles:
         grants: dict[tuple[str, str], set[str]] = {}

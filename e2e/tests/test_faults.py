@@ -79,12 +79,33 @@ class FaultRun:
             self.operator.log_tail(40)
         )
 
-    def assert_recovered(self, resumed_from: list[int | None]) -> dict[str, Any]:
-        """Succeeded; each attempt resumed from the checkpoint it had; no checkpoint lost."""
+    def drain(self) -> int:
+        """Suspend the training job: the trainer checkpoints the step it is on, then the cluster
+        goes. Returns the drain's checkpoint step (the last step trained, so none is lost)."""
+        self.jobs.patch_spec(self.name, {"suspend": True})
+        asked = wait_for(lambda: self.jobs.condition(self.name, "Draining"), 30,
+                         f"{self.name} to drain", details=self.explain)  # fmt: skip
+        assert asked["status"] == "True", asked
+        self.jobs.wait_phase(self.name, "Suspended", 120, self.operator)
+        drained = self.jobs.condition(self.name, "Draining")
+        assert drained is not None and drained["reason"] == "Drained", drained
+        saved = self.record.newest_checkpoint()
+        assert saved == self.record.last_step(), "the drain checkpointed the last step trained"
+        wait_for(lambda: (self.status().get("lastCheckpoint") or {}).get("step") == saved, 30,
+                 f"status to show the drain's checkpoint, step {saved}")  # fmt: skip
+        wait_for(lambda: self.jobs.ray_cluster(self.name) is None, 90, "the cluster released")
+        self.jobs.patch_spec(self.name, {"suspend": False})
+        return saved
+
+    def assert_recovered(
+        self, resumed_from: list[int | None], drained: tuple[int, ...] = ()
+    ) -> dict[str, Any]:
+        """Succeeded; each attempt resumed from the checkpoint it had (a drained attempt goes
+        on from its drain's checkpoint: its steps stay consecutive); no checkpoint lost."""
         status = self.jobs.wait_phase(self.name, "Succeeded", JOB_TIMEOUT, self.operator)["status"]
         problems = self.record.lineage_problems(resumed_from, self.total_steps)
         assert not problems, f"{problems}\n{self.explain()}"
-        expected = list(range(self.interval, self.total_steps + 1, self.interval))
+        expected = sorted({*range(self.interval, self.total_steps + 1, self.interval), *drained})
         assert self.record.checkpoint_steps() == expected, "a checkpoint is missing or corrupt"
         assert status["restartCount"] == len(resumed_from)
         return dict(status)
@@ -123,8 +144,12 @@ def test_1_killed_driver_is_resubmitted_in_place_from_the_checkpoint(fault_run: 
     assert restart["reason"] == "TrainerFailed"
     assert restart["detectionSeconds"] < 10, "measured from the driver's exit as Ray reports it"
     assert run.cluster_uid() == cluster, "an in-place restart keeps the RayCluster"
-    status = run.assert_recovered([resumed])
-    assert status["restartHistory"][0]["resumedTime"], "the operator saw training resume"
+    wait_for(lambda: run.status()["restartHistory"][0].get("resumedTime"), 120,
+             "the operator to see training resume", details=run.explain)  # fmt: skip
+    # Then a suspend mid-step (as a preemption would): no step is trained twice after it.
+    drained = run.drain()
+    status = run.assert_recovered([resumed], drained=(drained,))
+    assert status["restartCount"] == 1, "a drain is not a restart"
 
 
 COLOCATED = {"placement": "colocated", "replicas": None, "minReplicas": None, "cpu": None,
@@ -230,13 +255,33 @@ def test_3_lost_rollout_and_reward_pods_degrade_training_and_both_rejoin(
 def test_4_lost_trainer_pod_restarts_the_training_group_from_the_checkpoint(
     fault_run: Any,
 ) -> None:
-    run = fault_run("rank", roles={"trainer": {"replicas": 2}})
+    # Steps enough to still train when the node drain comes, after the restart.
+    run = fault_run("rank", roles={"trainer": {"replicas": 2}}, algorithm={"totalSteps": 48})
     run.wait_past_checkpoint()
     faults.delete_pod(run.jobs, run.name, "trainer")
     restart = run.wait_for_restart()
     resumed = run.record.newest_checkpoint()
     assert restart["reason"] in ("TrainerPodLost", "TrainerFailed"), restart
-    run.assert_recovered([resumed])
+    wait_for(lambda: run.status()["restartHistory"][0].get("resumedTime"), 120,
+             "the operator to see training resume", details=run.explain)  # fmt: skip
+    # Then a trainer node is drained: the budget holds the eviction back until the trainer
+    # checkpointed the step it was on; the job moves off the node and loses no step.
+    with faults.node_drain(run.jobs, run.name) as (node, drain):
+        asked = wait_for(lambda: run.jobs.condition(run.name, "Draining"), 60,
+                         f"{run.name} to drain off {node}", details=run.explain)  # fmt: skip
+        assert asked["reason"] == "NodeDrained" and node in asked["message"], asked
+        drained = wait_for(
+            lambda: (run.jobs.condition(run.name, "Draining") or {}).get("status") == "False"
+            and run.record.newest_checkpoint(), 120, "the drain's checkpoint",
+        )  # fmt: skip
+        assert drained == run.record.last_step(), "the drain checkpointed the last step trained"
+        output, _ = drain.communicate(timeout=240)
+        assert drain.returncode == 0, f"kubectl drain: {output}"
+        run.jobs.wait_phase(run.name, "Running", 240, run.operator)
+        placed = {p.spec.node_name for p in run.jobs.pods(run.name, "trainer")}
+        assert node not in placed, f"a trainer pod is back on the drained {node}"
+    status = run.assert_recovered([resumed], drained=(drained,))
+    assert status["restartCount"] == 1, "moving off a drained node is not a restart"
 
 
 def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> None:

@@ -21,6 +21,7 @@ from rlhf_operator.names import (
     LABEL_ROLE,
     OPERATOR_POD_LABELS,
     config_map_name,
+    disruption_budget_name,
     heartbeat_lease_name,
     heartbeat_role_name,
     job_labels,
@@ -310,6 +311,21 @@ def build_network_policy(job: RLHFJob, operator_namespace: str | None) -> dict[s
     }
 
 
+def build_disruption_budget(job: RLHFJob) -> dict[str, Any]:
+    """No voluntary eviction of a trainer pod (a node drain, an autoscaler's scale-down): the
+    drain waits, the operator sees the trainer's node cordoned, has the trainer checkpoint its
+    step, and moves the job off the node (its pods are deleted then, which a budget allows)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(job, disruption_budget_name(job)),
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {LABEL_JOB: job.metadata.name, LABEL_ROLE: "trainer"}},
+        },
+    }
+
+
 class _NoAliasDumper(yaml.SafeDumper):
     """Writes repeated objects out in full: `kubectl apply` and humans read no anchors."""
 
@@ -384,6 +400,7 @@ def build_owned_objects(
         *build_trainer_rbac(job),
         build_ray_auth_secret(job, ray_token),
         build_network_policy(job, operator_namespace),
+        build_disruption_budget(job),
         build_config_map(job),
         build_ray_cluster(job),
     ]

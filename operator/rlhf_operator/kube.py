@@ -3,8 +3,9 @@
 Everything the reconciler touches in the API server goes through `Kube`, so the RBAC in the Helm
 chart can be read off this file: rlhfjobs (get, list, watch, patch status, delete), rayclusters
 (get, apply, delete), pods (list), configmaps / serviceaccounts / roles / rolebindings / secrets /
-networkpolicies (apply), leases (get, create), events (create, patch: the job's own Events; list:
-the Warnings KubeRay records on a RayCluster that is not ready).
+networkpolicies / poddisruptionbudgets (apply), leases (get, create, patch: a drain's stop
+request), events (create, patch: the job's own Events; list: the Warnings KubeRay records on a
+RayCluster not ready), nodes (list: the cordoned ones, where trainer pods run).
 
 The API server's refusal of an object (HTTP 400, 403, 409, 422) is `ports.ApplyRefusedError`,
 quoting only the Status message; every other error stays the client's `ApiException`.
@@ -194,6 +195,16 @@ class Kube:
             if error.status == 404:
                 return None
             raise
+
+    async def cordoned_nodes(self) -> set[str]:
+        """Nodes marked unschedulable: the first step of every drain (`kubectl drain`, node
+        upgrades, the autoscaler's scale-down)."""
+        nodes = await self._run(self.core.list_node, field_selector="spec.unschedulable=true")
+        return {node.metadata.name for node in nodes.items}
+
+    async def annotate_lease(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        patch = {"metadata": {"annotations": {key: value}}}
+        await self._ignore_missing(self.coordination.patch_namespaced_lease, name, namespace, patch)
 
     async def _ignore_missing(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         try:

@@ -74,7 +74,27 @@ class DeleteJob:
     """ttlSecondsAfterFinished has passed: delete the RLHFJob (checkpoints stay)."""
 
 
-Action = ApplyCluster | DeleteCluster | SubmitRayJob | StopRayJob | DeleteJob
+@dataclass(frozen=True)
+class RequestStop:
+    """Ask the trainer, through its Lease, to checkpoint its step and exit (a drain)."""
+
+    at: datetime
+
+
+@dataclass(frozen=True)
+class ClearStopRequest:
+    """The drain is over: take the request off the Lease, so no later driver obeys it."""
+
+
+Action = (
+    ApplyCluster
+    | DeleteCluster
+    | SubmitRayJob
+    | StopRayJob
+    | DeleteJob
+    | RequestStop
+    | ClearStopRequest
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,10 @@ SUSPENDED = ConditionType.SUSPENDED.value
 COMPLETE = ConditionType.COMPLETE.value
 FAILED = ConditionType.FAILED.value
 DEGRADED = ConditionType.DEGRADED.value
+DRAINING = ConditionType.DRAINING.value
+
+DRAIN_POLL_SECONDS = 2.0
+"""How often a draining job looks whether its trainer has stopped (it checkpoints meanwhile)."""
 
 # ClusterReady reasons while the cluster is not ready: the kind of cause the message quotes.
 CREATING = "Creating"
@@ -302,6 +326,19 @@ class _Planner:
     def attempt_id(self) -> str:
         return submission_id(self.job, self.status.restart_count)
 
+    def current_heartbeat(self) -> HeartbeatView | None:
+        """The Lease's report if this attempt's live driver wrote it: not an earlier attempt's,
+        and not the last renewal of a driver a drain stopped (the same attempt runs again after
+        a suspend, and the Lease keeps what the stopped driver wrote)."""
+        beat = self.seen.heartbeat
+        if beat is None or beat.attempt not in (None, self.status.restart_count):
+            return None
+        drain = next((c for c in self.status.conditions if c.type == DRAINING), None)
+        ended = drain.last_transition_time if drain and drain.status == "False" else None
+        if ended is not None and beat.renewed <= ended:
+            return None
+        return beat
+
     # -- the steps, in priority order --------------------------------------------------------
 
     def run(self) -> Plan:
@@ -313,8 +350,10 @@ class _Planner:
         self.record_heartbeat()
         if self.status.phase.terminal:
             self.after_finish()
-        elif self.job.spec.suspend:
+        elif self.job.spec.suspend or self.draining() == EventReason.DRAINING:
             self.suspend()
+        elif self.draining() == EventReason.NODE_DRAINED or self.seen.drained_nodes:
+            self.move_off_drained_nodes()
         elif self.deadline_passed():
             pass
         else:
@@ -366,15 +405,98 @@ class _Planner:
             self.requeue((due - self.seen.now).total_seconds())
 
     def suspend(self) -> None:
+        if self.drain("suspended"):
+            return
         if self.seen.ray_job and self.seen.ray_job.active:
             self.act(StopRayJob(self.seen.ray_job.submission_id))
         if self.seen.cluster and not self.seen.cluster.deleting:
             self.act(DeleteCluster("suspended"))
         self.status.submission_id = None
         self.enter(Phase.SUSPENDED, "suspended: cluster released, checkpoints kept")
-        self.condition(SUSPENDED, True, EventReason.SUSPENDED, "spec.suspend is true")
+        why = "spec.suspend is true" if self.job.spec.suspend else "released after a drain"
+        self.condition(SUSPENDED, True, EventReason.SUSPENDED, why)
         self.condition(TRAINER_RUNNING, False, EventReason.SUSPENDED)
         self.condition(CLUSTER_READY, False, EventReason.SUSPENDED)
+
+    def draining(self) -> str | None:
+        """Why the job drains (the Draining condition's reason), while it does. A drain, once
+        begun, ends with the cluster released even if its cause went away meanwhile (the
+        trainer was asked to stop): the job then starts again from the drain's checkpoint."""
+        found = next((c for c in self.status.conditions if c.type == DRAINING), None)
+        return found.reason if found is not None and found.status == "True" else None
+
+    def drain(self, cause: str, why: str = EventReason.DRAINING) -> bool:
+        """Before a cluster is released under a training driver: ask the driver, through its
+        Lease, to finish its step, checkpoint it and exit, and wait for that up to
+        `checkpoint.stopGracePeriodSeconds`. True while the cluster must stay.
+
+        Only a trainer that heartbeats can hear the request; one that has not acknowledged it
+        within `liveness.heartbeatTimeoutSeconds` is not listening (hung), and is not waited for.
+        """
+        grace = self.job.spec.checkpoint.stop_grace_period_seconds
+        ray_job = self.seen.ray_job
+        cluster = self.seen.cluster
+        beat = self.current_heartbeat()
+        if ray_job is not None and ray_job.submission_id != self.attempt_id():
+            ray_job = None  # an earlier attempt, already stopped
+        if ray_job is None or not ray_job.active or cluster is None or cluster.deleting:
+            if self.draining():
+                done = "the trainer stopped"
+                if beat is not None and beat.checkpoint_saved_step is not None:
+                    done += f" after checkpointing step {beat.checkpoint_saved_step}"
+                self.end_drain(EventReason.DRAINED, "Normal", f"{cause}: {done}")
+            return False
+        if not self.draining():
+            if grace == 0 or ray_job.status != "RUNNING" or beat is None:
+                return False  # no step under way, no grace to save it in, or nobody listening
+            self.act(RequestStop(self.seen.now))
+            asked = (
+                f"{cause}: the trainer finishes step {(self.status.current_step or 0) + 1} and "
+                f"checkpoints it before its cluster is released (up to {grace}s)"
+            )
+            self.condition(DRAINING, True, why, asked)
+            self.event("Normal", why, asked)
+            self.status.message = asked
+            self.requeue(DRAIN_POLL_SECONDS)
+            return True
+        asked_at = self.since(DRAINING, "True")
+        waited = self.waited(asked_at)
+        heard = beat is not None and beat.checkpoint_requested_at is not None
+        deaf = self.job.spec.liveness.heartbeat_timeout_seconds
+        if not heard and waited >= deaf:
+            late = f"{cause}: the trainer did not acknowledge the stop request in {deaf}s"
+        elif waited >= grace:
+            late = f"{cause}: the trainer did not stop within {grace}s"
+        else:
+            self.requeue(DRAIN_POLL_SECONDS)
+            return True
+        self.end_drain(EventReason.DRAIN_TIMED_OUT, "Warning", f"{late}; releasing its cluster")
+        return False
+
+    def end_drain(self, reason: str, kind: Literal["Normal", "Warning"], message: str) -> None:
+        self.act(ClearStopRequest())
+        self.condition(DRAINING, False, reason, message)
+        self.event(kind, reason, message)
+
+    def move_off_drained_nodes(self) -> None:
+        """A trainer pod's node is being drained (its PodDisruptionBudget holds the eviction
+        back): the trainer checkpoints its step, then the cluster goes, and a new one (off the
+        cordoned node) resumes from that checkpoint. Not a failure: no restart is counted."""
+        nodes = ", ".join(self.seen.drained_nodes) or "a trainer's node"
+        if self.drain(f"{nodes} is being drained", EventReason.NODE_DRAINED):
+            return
+        if self.seen.cluster and not self.seen.cluster.deleting:
+            if self.seen.ray_job and self.seen.ray_job.active:
+                self.act(StopRayJob(self.seen.ray_job.submission_id))
+            self.act(DeleteCluster(f"moving off {nodes}"))
+        self.status.submission_id = None  # the next cluster gets this attempt again
+        self.enter(
+            Phase.PROVISIONING,
+            f"moving the job off {nodes} (being drained); it resumes from its checkpoint",
+            reason=EventReason.NODE_DRAINED,
+        )
+        self.condition(TRAINER_RUNNING, False, EventReason.NODE_DRAINED)
+        self.condition(CLUSTER_READY, False, EventReason.NODE_DRAINED, f"moving off {nodes}")
 
     def deadline_passed(self) -> bool:
         deadline = self.job.spec.active_deadline_seconds
@@ -662,7 +784,7 @@ class _Planner:
         for role, view in sorted((cluster.roles if cluster else {}).items()):
             if role in elastic and view.ready < view.desired:
                 short.append(f"{role} {view.ready}/{view.desired} pods ready")
-        beat = self.seen.heartbeat
+        beat = self.current_heartbeat()
         for count, what in (
             (beat.rollout_engines if beat else None, "rollout engines"),
             (beat.reward_models if beat else None, "reward models"),
@@ -689,9 +811,8 @@ class _Planner:
     def trainer_unresponsive(self, ray_job: RayJobView) -> bool:
         """Hung (no heartbeat) or stalled (heartbeats, no progress): stop it and restart."""
         liveness = self.job.spec.liveness
-        beat = self.seen.heartbeat
-        current = beat is not None and beat.attempt in (None, self.status.restart_count)
-        if not current or beat is None:
+        beat = self.current_heartbeat()
+        if beat is None:
             # No heartbeat yet: model loading may take a while, so allow the progress timeout
             # from when the driver started running.
             running = next((c for c in self.status.conditions if c.type == TRAINER_RUNNING), None)
@@ -761,7 +882,10 @@ class _Planner:
             return
         # The trainer's disk is the truth: any restart asks for the newest complete checkpoint,
         # even one the Lease never reported ("latest" starts from step 0 when there is none).
-        resume = self.status.last_checkpoint is not None or self.status.restart_count > 0
+        drained = any(c.type == DRAINING for c in self.status.conditions)
+        resume = self.status.last_checkpoint is not None or self.status.restart_count > 0 or drained
+        if self.seen.heartbeat is not None and self.seen.heartbeat.stop_requested_at is not None:
+            self.act(ClearStopRequest())  # an old drain's request: the new driver must not obey
         self.act(SubmitRayJob(self.attempt_id(), resume=resume))
         self.status.submission_id = self.attempt_id()
         if self.status.phase != Phase.RUNNING:

@@ -64,6 +64,11 @@ def network_policy_name(job: RLHFJob) -> str:
     return short_name(f"{job.metadata.name}-ray-head", 63)
 
 
+def disruption_budget_name(job: RLHFJob) -> str:
+    """The PodDisruptionBudget that holds a node drain back until the trainer checkpointed."""
+    return short_name(f"{job.metadata.name}-trainer", 63)
+
+
 def heartbeat_lease_name(job: RLHFJob) -> str:
     """The trainer's heartbeat Lease is named after the job (design decision 4)."""
     return job.metadata.name

@@ -81,6 +81,14 @@ class KubePort(Protocol):
         """The `V1Lease`, or None when there is none."""
         ...
 
+    async def cordoned_nodes(self) -> set[str]:
+        """The names of the nodes marked unschedulable (being drained)."""
+        ...
+
+    async def annotate_lease(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set (None: remove) one annotation of the Lease; a missing Lease is no error."""
+        ...
+
 
 class RayJobsPort(Protocol):
     """Ray's Job Submission API on one dashboard; raises `DashboardUnavailableError`."""

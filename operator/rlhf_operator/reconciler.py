@@ -18,14 +18,18 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from rlhf_operator import builder, names
 from rlhf_operator.lifecycle import (
     CLUSTER_READY,
     ApplyCluster,
+    ClearStopRequest,
     DeleteCluster,
     DeleteJob,
     Event,
     Plan,
+    RequestStop,
     StopRayJob,
     SubmitRayJob,
     decide,
@@ -52,11 +56,13 @@ from rlhf_operator.views import (
     heartbeat_from_lease,
     parse_time,
     scheduling_problem,
+    trainer_nodes,
 )
 from rlhfjob import contract
 from rlhfjob.api import Phase, RestartRecord, RLHFJob, RLHFJobStatus
 from rlhfjob.config import InvalidJobError, parse_job
 from rlhfjob.contract import FailureReason, PodEnv
+from rlhfjob.contract.lease import format_time
 
 log = logging.getLogger("rlhf_operator")
 
@@ -65,6 +71,9 @@ EventSink = Callable[[dict[str, Any], Event], None]
 STATUS_FIELDS = frozenset(field.alias or name for name, field in RLHFJobStatus.model_fields.items())
 """The status keys the operator owns (anything else there, it leaves alone)."""
 EVENT_MESSAGE_LIMIT = 1024
+CORDONED_NODES_TTL_SECONDS = 5.0
+"""The cordoned nodes are listed once per this many seconds for all jobs (one cheap list: a
+drain's checkpoint takes far longer than that)."""
 """The API server rejects longer Event messages."""
 MAX_DECISIONS = 3
 """Decisions per reconcile: the first, and one per action that failed in a known way (each
@@ -109,6 +118,8 @@ class Reconciler:
         timer finds unchanged is not validated again (most of a quiet reconcile's CPU)."""
         self.dashboard_asks = 0
         """How many times a dashboard was asked for a job's state (for tests and benchmarks)."""
+        self._cordoned: tuple[float, frozenset[str]] | None = None
+        self._nodes_forbidden_logged = False
 
     async def reconcile(self, namespace: str, name: str) -> float | None:
         """Bring one job one step closer to what it asks for; returns seconds until due again."""
@@ -214,6 +225,9 @@ class Reconciler:
             warning = cluster_warning(events, cluster_body, pods, now)
         else:
             pods = await self.kube.cluster_pods(namespace, name)
+        drained: tuple[str, ...] = ()
+        if ray_job is not None and ray_job.active and (on := trainer_nodes(pods)):
+            drained = tuple(sorted(on & await self._cordoned_nodes()))
         return Observed(
             job=job,
             now=now,
@@ -225,7 +239,26 @@ class Reconciler:
             heartbeat=heartbeat_from_lease(lease),
             scheduling_problem=problem,
             cluster_warning=warning,
+            drained_nodes=drained,
         )
+
+    async def _cordoned_nodes(self) -> frozenset[str]:
+        """The cordoned nodes, shared by every job for a few seconds; none when the operator
+        may not list nodes (node drains are then not seen, which it says once)."""
+        now = self.clock().timestamp()
+        if self._cordoned is not None and 0 <= now - self._cordoned[0] < CORDONED_NODES_TTL_SECONDS:
+            return self._cordoned[1]
+        try:
+            found = frozenset(await self.kube.cordoned_nodes())
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            if not self._nodes_forbidden_logged:
+                self._nodes_forbidden_logged = True
+                log.warning("cannot list nodes (grant list on nodes): node drains go unseen")
+            found = frozenset()
+        self._cordoned = (now, found)
+        return found
 
     def _silence(self, job: RLHFJob, cluster: ClusterView, now: datetime) -> str | None:
         """The last answer of this cluster's dashboard while it is not due to be asked again
@@ -297,6 +330,17 @@ class Reconciler:
                 case DeleteJob():
                     log.info("%s/%s: ttlSecondsAfterFinished passed, deleting", namespace, name)
                     await self.kube.delete_job(namespace, name)
+                case RequestStop(at=at):
+                    log.info("%s/%s: asking the trainer to checkpoint and stop", namespace, name)
+                    await self.kube.annotate_lease(
+                        namespace, names.heartbeat_lease_name(job),
+                        contract.LEASE_STOP_REQUESTED_AT, format_time(at),
+                    )  # fmt: skip
+                case ClearStopRequest():
+                    await self.kube.annotate_lease(
+                        namespace, names.heartbeat_lease_name(job),
+                        contract.LEASE_STOP_REQUESTED_AT, None,
+                    )  # fmt: skip
         for event in plan.events:
             if len(event.message) > EVENT_MESSAGE_LIMIT:
                 event = Event(

@@ -20,7 +20,7 @@ from rlhf_operator import names
 from rlhfjob.api import RLHFJob
 from rlhfjob.contract import DASHBOARD_ANNOTATION, LeaseReport
 from rlhfjob.contract import kuberay as ray
-from rlhfjob.contract.lease import parse_time
+from rlhfjob.contract.lease import LEASE_STOP_REQUESTED_AT, parse_time
 
 MESSAGE_LIMIT = 2000
 """What is kept of an error or a Ray job's message: enough to say why, short enough for status."""
@@ -95,6 +95,8 @@ class HeartbeatView(LeaseReport):
     """The trainer's Lease: what it reported (`LeaseReport`) and when it last renewed."""
 
     renewed: datetime
+    stop_requested_at: datetime | None = None
+    """The operator's own request to checkpoint and stop, while it is on the Lease."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ class Observed:
     apply_error: ApplyRefusal | None = None
     """Set when the API server refused this reconcile's apply: that object was not changed,
     nor the RayCluster, which is applied only after everything its pods need."""
+    drained_nodes: tuple[str, ...] = ()
+    """Cordoned nodes (a drain under way) that a trainer pod of the cluster runs on."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,17 @@ def cluster_warning(
     return newest
 
 
+def trainer_nodes(pods: list[Any]) -> set[str]:
+    """The nodes the cluster's trainer pods (not being deleted) run on."""
+    return {
+        pod.spec.node_name
+        for pod in pods
+        if _labels(pod).get(names.LABEL_ROLE) == "trainer"
+        and pod.metadata.deletion_timestamp is None
+        and getattr(pod.spec, "node_name", None)
+    }
+
+
 def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
     """Read the trainer's Lease; unreadable annotations count as missing, never as a crash."""
     if lease is None or lease.spec is None or lease.spec.renew_time is None:
@@ -334,8 +349,10 @@ def heartbeat_from_lease(lease: Any) -> HeartbeatView | None:
     renewed = lease.spec.renew_time
     if renewed.tzinfo is None:
         renewed = renewed.replace(tzinfo=UTC)
-    report = LeaseReport.from_annotations((lease.metadata and lease.metadata.annotations) or {})
-    return HeartbeatView(renewed=renewed, **vars(report))
+    annotations = (lease.metadata and lease.metadata.annotations) or {}
+    report = LeaseReport.from_annotations(annotations)
+    requested = parse_time(annotations.get(LEASE_STOP_REQUESTED_AT))
+    return HeartbeatView(renewed=renewed, stop_requested_at=requested, **vars(report))
 
 
 def _labels(pod: Any) -> dict[str, Any]:

@@ -33,6 +33,11 @@ LEASE_CHECKPOINT_REQUESTED_AT = f"{GROUP}/checkpoint-requested-at"
 """When the trainer saw a request to checkpoint now (preemption): its acknowledgement."""
 LEASE_CHECKPOINT_SAVED_STEP = f"{GROUP}/checkpoint-saved-step"
 """The step of the checkpoint it saved in answer: after that the pods may go."""
+LEASE_STOP_REQUESTED_AT = f"{GROUP}/stop-requested-at"
+"""The one annotation the operator writes (RFC 3339): "finish your step, checkpoint it and exit"
+(a drain before the cluster is released). The trainer sees it at its next renewal, answers in
+`checkpoint-requested-at` with the same time, and ignores a request it (or an earlier driver)
+already answered; the operator removes it when the drain ends."""
 
 
 def format_time(moment: datetime) -> str:

@@ -9,10 +9,13 @@ from typing import Any
 import pytest
 
 from rlhf_operator.lifecycle import (
+    DRAIN_POLL_SECONDS,
     MESSAGE_LIMIT,
     ApplyCluster,
+    ClearStopRequest,
     DeleteCluster,
     DeleteJob,
+    RequestStop,
     StopRayJob,
     SubmitRayJob,
     backoff_seconds,
@@ -276,6 +279,127 @@ def test_suspend_stops_the_trainer_and_releases_the_cluster() -> None:
     plan = decide(seen)
     assert kinds(plan) == [StopRayJob, DeleteCluster]
     assert plan.status.phase == Phase.SUSPENDED
+
+
+# -- drains: a checkpoint of the step under way before the cluster goes --------------------------
+
+LISTENING = HeartbeatView(renewed=at(45), step=12, attempt=0)
+"""A trainer of this attempt that heartbeats: it can hear a stop request."""
+
+
+def draining(since: float, **status: Any) -> dict[str, Any]:
+    asked = {"type": "Draining", "status": "True", "reason": "Draining",
+             "lastTransitionTime": at(since).isoformat()}  # fmt: skip
+    return running(conditions=[asked], currentStep=12, **status)
+
+
+def suspended_world(status: dict[str, Any], now: float, **seen: Any) -> Observed:
+    fields: dict[str, Any] = dict(cluster=ready_cluster(), ray_job=ray_job("RUNNING"))
+    return Observed(job=make_job(status, suspend=True), now=at(now), created=at(0),
+                    **{**fields, **seen})  # fmt: skip
+
+
+def condition(plan: Any, type_: str) -> Condition:
+    return next(c for c in plan.status.conditions if c.type == type_)
+
+
+def test_suspend_asks_a_heartbeating_trainer_to_checkpoint_before_the_cluster_goes() -> None:
+    plan = decide(suspended_world(running(currentStep=12), 50, heartbeat=LISTENING))
+    assert plan.actions == [RequestStop(at(50))]
+    assert plan.status.phase == Phase.RUNNING  # the cluster stays until the trainer is done
+    draining_ = condition(plan, "Draining")
+    assert draining_.status == "True" and "step 13" in draining_.message
+    assert "600s" in draining_.message  # checkpoint.stopGracePeriodSeconds' default
+    assert [e.reason for e in plan.events] == ["Draining"]
+    assert plan.requeue_after == pytest.approx(DRAIN_POLL_SECONDS)
+
+
+def test_a_draining_job_waits_for_its_trainer_and_asks_only_once() -> None:
+    heard = replace(LISTENING, renewed=at(60), checkpoint_requested_at=at(50))
+    plan = decide(suspended_world(draining(50), 120, heartbeat=heard))
+    assert plan.actions == []
+    assert plan.status.phase == Phase.RUNNING
+    assert plan.events == []
+
+
+def test_the_trainer_exiting_ends_the_drain_and_releases_the_cluster() -> None:
+    answered = replace(LISTENING, checkpoint_requested_at=at(50), checkpoint_saved_step=13)
+    world = suspended_world(
+        draining(50), 80, heartbeat=answered, ray_job=ray_job("FAILED", exit_code=4)
+    )
+    plan = decide(world)
+    assert kinds(plan) == [ClearStopRequest, DeleteCluster]
+    assert plan.status.phase == Phase.SUSPENDED
+    assert condition(plan, "Draining").reason == "Drained"
+    assert plan.events[0].reason == "Drained" and "step 13" in plan.events[0].message
+
+
+@pytest.mark.parametrize(
+    ("beat", "now", "why"),
+    [
+        (LISTENING, 50 + 60, "did not acknowledge the stop request in 60s"),  # heartbeatTimeout
+        (replace(LISTENING, checkpoint_requested_at=at(50)), 50 + 600, "did not stop within 600s"),
+    ],
+)
+def test_a_trainer_that_does_not_answer_in_time_loses_its_cluster_anyway(
+    beat: HeartbeatView, now: float, why: str
+) -> None:
+    plan = decide(suspended_world(draining(50), now, heartbeat=beat))
+    assert kinds(plan) == [ClearStopRequest, StopRayJob, DeleteCluster]
+    assert plan.status.phase == Phase.SUSPENDED
+    assert condition(plan, "Draining").reason == "DrainTimedOut"
+    assert plan.events[0].type == "Warning" and why in plan.events[0].message
+
+
+@pytest.mark.parametrize(
+    ("spec", "seen"),
+    [
+        ({"checkpoint": {"stopGracePeriodSeconds": 0}}, {"heartbeat": LISTENING}),
+        ({}, {}),  # no heartbeat: a driver that cannot hear the request (a custom entrypoint)
+        ({}, {"heartbeat": LISTENING, "ray_job": ray_job("PENDING")}),  # no step under way
+        ({}, {"heartbeat": replace(LISTENING, attempt=1)}),  # another attempt wrote it
+    ],
+)
+def test_without_a_trainer_to_save_a_step_the_cluster_goes_at_once(
+    spec: dict[str, Any], seen: dict[str, Any]
+) -> None:
+    world = suspended_world(running(), 50, **seen)
+    world = replace(world, job=make_job(running(), suspend=True, **spec))
+    plan = decide(world)
+    assert kinds(plan) == [StopRayJob, DeleteCluster]
+    assert plan.status.phase == Phase.SUSPENDED
+    assert not any(c.type == "Draining" for c in plan.status.conditions)
+
+
+def test_a_drain_resumed_meanwhile_finishes_then_the_job_resumes_from_its_checkpoint() -> None:
+    world = suspended_world(draining(50), 80, ray_job=ray_job("FAILED", exit_code=4))
+    world = replace(world, job=make_job(draining(50), suspend=False))
+    plan = decide(world)
+    assert plan.status.phase == Phase.SUSPENDED
+    assert condition(plan, "Suspended").message == "released after a drain"
+    # The next reconcile resumes; the stop request left on the Lease is cleared first.
+    status = plan.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    stale = HeartbeatView(renewed=at(70), step=13, attempt=0, stop_requested_at=at(50))
+    again = decide(Observed(job=make_job(status), now=at(90), created=at(0)))
+    assert kinds(again) == [ApplyCluster]
+    ready = make_job(again.status.model_dump(by_alias=True, mode="json", exclude_none=True))
+    submit = decide(Observed(job=ready, now=at(95), created=at(0), cluster=ready_cluster(),
+                             heartbeat=stale))  # fmt: skip
+    assert kinds(submit) == [ClearStopRequest, SubmitRayJob]
+    assert submit.actions[1] == SubmitRayJob(submission_id="job-12345678-0", resume=True)
+
+
+def test_the_last_renewal_before_a_suspend_is_not_the_resumed_drivers_heartbeat() -> None:
+    # The same attempt runs again after a suspend; the Lease still holds the stopped driver's
+    # renewal. The new driver is judged by the no-heartbeat-yet rule, not found hung.
+    drained = {"type": "Draining", "status": "False", "reason": "Drained",
+               "lastTransitionTime": at(45).isoformat()}  # fmt: skip
+    old = HeartbeatView(renewed=at(40), step=10, attempt=0)
+    seen = Observed(job=make_job(running(conditions=[drained])), now=at(330), created=at(0),
+                    cluster=ready_cluster(), ray_job=ray_job("RUNNING"), heartbeat=old)  # fmt: skip
+    plan = decide(seen)
+    assert StopRayJob not in kinds(plan) and plan.status.phase == Phase.RUNNING
+    assert plan.status.restart_count == 0
 
 
 def test_unsuspend_recreates_the_cluster() -> None:

@@ -25,6 +25,7 @@ from kubernetes.client import (
     V1ObjectReference,
     V1Pod,
     V1PodCondition,
+    V1PodSpec,
     V1PodStatus,
 )
 from kubernetes.client.exceptions import ApiException
@@ -70,6 +71,8 @@ class FakeKube:
         self.events: dict[str, list[Any]] = {}
         """RayCluster name → the Warning Events on it (KubeRay's)."""
         self.event_reads = 0
+        self.cordoned: set[str] = set()
+        """Nodes marked unschedulable (a drain under way)."""
         self.calls: dict[str, int] = {}
         """Method name → how many times it was called (what the reconciler read)."""
 
@@ -137,6 +140,21 @@ class FakeKube:
     async def get_lease(self, namespace: str, name: str) -> Any | None:
         self._call("get_lease")
         return self.leases.get(name)
+
+    async def cordoned_nodes(self) -> set[str]:
+        self._call("cordoned_nodes")
+        return set(self.cordoned)
+
+    async def annotate_lease(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        self._call("annotate_lease")
+        lease = self.leases.get(name)
+        if lease is not None:
+            annotations = dict(lease.metadata.annotations or {})
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+            lease.metadata.annotations = annotations
 
     # -- what KubeRay, the stand-in and the trainer would do ---------------------------------
 
@@ -335,6 +353,7 @@ def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:
         "Role",
         "Secret",
         "NetworkPolicy",
+        "PodDisruptionBudget",
         "ConfigMap",
         "RoleBinding",  # after the Role it binds
         "RayCluster",  # after everything its pods need
@@ -576,7 +595,7 @@ def test_a_forbidden_object_is_shown_retried_and_created_once_allowed() -> None:
     assert due is not None and due <= 5  # soon again, not only at the timer's pace
     # What the pods need is applied at once; the RoleBinding and the RayCluster only once all
     # of it was taken.
-    others = ["ServiceAccount", "Secret", "NetworkPolicy", "ConfigMap"]
+    others = ["ServiceAccount", "Secret", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
     assert [m["kind"] for m in world.kube.applied] == others
     world.reconcile(3)
     assert [m["kind"] for m in world.kube.applied] == others * 2  # tried again
@@ -884,7 +903,13 @@ def test_a_new_job_applies_its_objects_in_stages_each_at_once() -> None:
     world.reconcile(0)
     # The API server refuses a RoleBinding to a Role it does not know yet (404): it comes after.
     assert order[-3:] == ["ServiceAccount", "RoleBinding", "RayCluster"]
-    assert set(order[:-3]) == {"Role", "Secret", "NetworkPolicy", "ConfigMap"}
+    assert set(order[:-3]) == {
+        "Role",
+        "Secret",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "ConfigMap",
+    }
 
 
 def _reads(world: World, *seconds: float) -> dict[str, int]:
@@ -925,4 +950,33 @@ def test_a_cluster_not_ready_yet_is_read_with_its_pods_and_warnings_not_the_leas
                                 "cluster_events": 1}  # fmt: skip
     del world.kube.clusters[NAME]  # none (yet, or any more): nothing else to read
     assert _reads(world, 2) == {"get_job": 1, "get_ray_cluster": 1}
-    assert world.kube.calls["apply"] == 7
+    assert world.kube.calls["apply"] == 8
+
+
+# -- node drains --------------------------------------------------------------------------------
+
+
+def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
+    world = World()
+    world.running()
+    world.kube.beat(T0 + timedelta(seconds=2), LeaseReport(step=6, attempt=0))
+    for pod in world.kube.pods[NAME]:
+        if pod.metadata.labels[ray.LABEL_GROUP] == "trainer":
+            pod.metadata.labels[names.LABEL_ROLE] = "trainer"
+            pod.spec = V1PodSpec(containers=[], node_name="gpu-train-1")
+    world.reconcile(3)
+    assert world.status["phase"] == "Running"  # nothing to see: no drain
+    world.kube.cordoned = {"gpu-train-1"}  # `kubectl drain gpu-train-1` begins
+    world.reconcile(10)  # after the cordoned nodes' cache ran out
+    lease = world.kube.leases[NAME].metadata.annotations
+    assert contract.LEASE_STOP_REQUESTED_AT in lease, "the trainer is asked to checkpoint"
+    assert world.condition("Draining")["reason"] == "NodeDrained"
+    assert "gpu-train-1" in world.condition("Draining")["message"]
+    assert f"RayCluster/{NAME}" not in world.kube.deleted  # not before the trainer is done
+
+    world.ray.jobs[FIRST_ATTEMPT] = RayJobView(FIRST_ATTEMPT, "FAILED", exit_code=4)
+    world.reconcile(20)
+    assert f"RayCluster/{NAME}" in world.kube.deleted
+    assert contract.LEASE_STOP_REQUESTED_AT not in world.kube.leases[NAME].metadata.annotations
+    assert world.status["phase"] == "Provisioning"
+    assert world.status["restartCount"] == 0, "moving off a drained node is not a failure"

@@ -307,3 +307,48 @@ def test_make_heartbeat_with_a_client(api: FakeLeaseApi) -> None:
     assert heartbeat.renew()
     assert "/" in (api.lease().spec.holder_identity or "")  # host/pid by default
     assert api.lease().metadata.annotations == {"rlhf.dev/attempt": "1"}
+
+
+# -- the operator's stop request (a drain) ----------------------------------------------------
+
+REQUESTED = "2025-03-01T12:00:05.000000Z"
+
+
+def test_a_stop_request_is_acknowledged_and_passed_on_once(api: FakeLeaseApi, now: FakeNow) -> None:
+    heard: list[datetime] = []
+    heartbeat = make(api, now, on_stop_request=heard.append)
+    assert heartbeat.renew()
+    assert heard == []  # no request on the Lease yet
+    api.lease().metadata.annotations[contract.LEASE_STOP_REQUESTED_AT] = REQUESTED
+    assert heartbeat.renew() and heartbeat.renew()
+    assert [contract.lease.format_time(t) for t in heard] == [REQUESTED]
+    annotations = api.lease().metadata.annotations
+    assert annotations[contract.LEASE_CHECKPOINT_REQUESTED_AT] == REQUESTED  # the answer
+    assert annotations[contract.LEASE_STOP_REQUESTED_AT] == REQUESTED  # the operator's to remove
+
+
+def test_a_request_an_earlier_driver_answered_is_not_obeyed(
+    api: FakeLeaseApi, now: FakeNow
+) -> None:
+    api.add_lease({contract.LEASE_STOP_REQUESTED_AT: REQUESTED,
+                   contract.LEASE_CHECKPOINT_REQUESTED_AT: REQUESTED})  # fmt: skip
+    heard: list[datetime] = []
+    assert make(api, now, on_stop_request=heard.append).renew()
+    assert heard == []
+    # A new request (a later drain) is.
+    api.lease().metadata.annotations[contract.LEASE_STOP_REQUESTED_AT] = "2025-03-01T13:00:00Z"
+    assert make(api, now, on_stop_request=heard.append).renew()
+    assert len(heard) == 1
+
+
+def test_stop_renews_once_more_so_the_last_checkpoint_is_reported(
+    api: FakeLeaseApi, now: FakeNow
+) -> None:
+    heartbeat = make(api, now, interval_seconds=3600)
+    heartbeat.start()
+    assert api.wait_for_replacements(1)
+    heartbeat.update(checkpoint_step=21, checkpoint_saved_step=21)  # written after the last beat
+    heartbeat.stop(timeout_seconds=WAIT_SECONDS)
+    annotations = api.lease().metadata.annotations
+    assert annotations[contract.LEASE_CHECKPOINT_STEP] == "21"
+    assert annotations[contract.LeaseReport.key("checkpoint_saved_step")] == "21"

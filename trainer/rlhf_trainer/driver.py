@@ -150,7 +150,8 @@ def train(job: RLHFJob, context: RunContext | None = None) -> int:
             code, message = ExitCode.SUCCEEDED, f"trained to step {trainer.step} ({done})"
         else:
             code = ExitCode.TERMINATED
-            message = f"stopped by {stop.signal_name} at step {trainer.step} ({done})"
+            by = stop.signal_name or "the operator's request (a drain)"
+            message = f"stopped by {by} at step {trainer.step} ({done})"
     except (NonRetryableError, RewardFunctionError) as error:
         # A reward source that breaks while scoring (it raised, a server refused the request
         # with a 4xx) is not fixed by a restart either.

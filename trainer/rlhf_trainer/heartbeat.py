@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlhfjob import contract
-from rlhfjob.contract.lease import LeaseReport
+from rlhfjob.contract.lease import LeaseReport, parse_time
 from rlhfjob.contract.lease import format_time as format_time  # re-exported for callers
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ class Heartbeat:
         attempt: int | None = None,
         total_steps: int | None = None,
         now: Callable[[], datetime] = utc_now,
+        on_stop_request: Callable[[datetime], None] | None = None,
     ) -> None:
         if interval_seconds <= 0:
             raise ValueError(f"interval_seconds must be > 0, got {interval_seconds}")
@@ -115,6 +116,8 @@ class Heartbeat:
         self.interval_seconds = interval_seconds
         self.lease_duration_seconds = lease_duration_seconds
         self._now = now
+        self.on_stop_request = on_stop_request
+        """Called (from the renewing thread) once per new stop request of the operator."""
         self._lock = threading.Lock()  # guards _progress
         self._renew_lock = threading.Lock()  # one renewal at a time (thread vs. explicit renew)
         self._progress = LeaseReport(attempt=attempt, total_steps=total_steps)
@@ -174,6 +177,7 @@ class Heartbeat:
         if lease.metadata is None:
             lease.metadata = V1ObjectMeta()
         annotations = dict(lease.metadata.annotations or {})
+        self._answer_stop_request(annotations)
         annotations.update(self.progress.to_annotations())
         lease.metadata.annotations = annotations
 
@@ -190,6 +194,18 @@ class Heartbeat:
         spec.lease_duration_seconds = self.lease_duration_seconds
         spec.renew_time = now
         self.client.replace_namespaced_lease(name=self.name, namespace=self.namespace, body=lease)
+
+    def _answer_stop_request(self, annotations: dict[str, str]) -> None:
+        """The operator's request to checkpoint and stop, unless this driver or an earlier one
+        already answered it: acknowledge it in this renewal and tell the trainer."""
+        requested = parse_time(annotations.get(contract.LEASE_STOP_REQUESTED_AT))
+        if requested is None or self.on_stop_request is None:
+            return
+        answered = parse_time(annotations.get(contract.LEASE_CHECKPOINT_REQUESTED_AT))
+        if requested in (answered, self.progress.checkpoint_requested_at):
+            return
+        self.update(checkpoint_requested_at=requested)
+        self.on_stop_request(requested)
 
     def start(self) -> None:
         """Renew once now, then every ``interval_seconds`` from a daemon thread."""
@@ -208,11 +224,13 @@ class Heartbeat:
                 return
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
-        """Stop the background thread (a renewal in flight finishes first)."""
+        """Stop the background thread (a renewal in flight finishes first), then renew once
+        more: the operator reads the last step and checkpoint (a drain's answer) from here."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_seconds)
             self._thread = None
+            self.renew()
 
     @property
     def running(self) -> bool:
@@ -267,6 +285,7 @@ def make_heartbeat(
     attempt: int | None = None,
     total_steps: int | None = None,
     client: LeaseClient | None = None,
+    on_stop_request: Callable[[datetime], None] | None = None,
 ) -> Heartbeat | NoopHeartbeat:
     """A :class:`Heartbeat` for ``lease_name``, or a :class:`NoopHeartbeat` when it is ``None``.
 
@@ -301,4 +320,5 @@ def make_heartbeat(
         lease_duration_seconds=lease_duration_seconds,
         attempt=attempt,
         total_steps=total_steps,
+        on_stop_request=on_stop_request,
     )

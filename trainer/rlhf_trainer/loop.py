@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,10 @@ class Trainer:
             lease_duration_seconds=spec.liveness.heartbeat_timeout_seconds,
             attempt=self.attempt,
             total_steps=self.total_steps,
+            on_stop_request=self._stop_requested,
         )
+        self.stop_requested_at: datetime | None = None
+        """When the operator asked this run to checkpoint and stop (a drain), if it did."""
         self.step = 0
         self.version = 0
         """Policy version: the number of updates so far; every weight sync carries it."""
@@ -415,7 +419,15 @@ class Trainer:
                 self.save_checkpoint()
         if self.step > 0 and self.checkpointed_step != self.step:
             self.save_checkpoint()
+        if self.stop_requested_at is not None:
+            self.heartbeat.update(checkpoint_saved_step=self.checkpointed_step)
         return self.step >= self.total_steps
+
+    def _stop_requested(self, when: datetime) -> None:
+        """The operator's drain (heartbeat thread): stop like on SIGTERM, after this step."""
+        self.stop_requested_at = when
+        self.log(f"the operator asked for a checkpoint and a stop: finishing step {self.step + 1}")
+        self.stop.set()
 
     def finish(self) -> None:
         """Stop the heartbeat and draw the reward curve next to the step log."""

@@ -1,0 +1,131 @@
+"""Preemption without lost work, on the local control plane: the steps a suspend costs.
+
+    python benchmarks/preemption.py [--runs 3] [--interval 8]
+
+One tiny GRPO job (`rlhf_local.faults.fault_job`) trains under the operator and is suspended
+and resumed `--runs` times with a drain (`checkpoint.stopGracePeriodSeconds` at its default:
+the trainer checkpoints the step it is on before the cluster goes) and `--runs` times without
+one (`stopGracePeriodSeconds: 0`: the cluster goes at once and the job resumes from its last
+interval checkpoint). A suspend is what a preemption does to the job (Kueue suspends the
+workload it admitted), so these are the figures of a preemption. Each time the job is suspended
+halfway between two interval checkpoints. Per run:
+
+* ``steps_retrained``: steps trained a second time after the resume (the step log);
+* ``release_s``: suspend → the RayCluster is gone (the drain's checkpoint included);
+* ``resume_s``: resume → the first step trained on the new cluster.
+
+Prints one JSON document and writes it to --out; top level: ``steps_retrained_with_jit`` and
+``steps_retrained_without_jit`` (the worst run of each), ``release_seconds`` and
+``resume_seconds`` (p50 of the runs with a drain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rlhf_local import faults
+from rlhf_local.faults import TrainingRecord
+from rlhf_local.harness import wait_for
+from rlhf_local.jobs import Jobs
+from rlhf_local.session import operator_session
+
+TOTAL_STEPS = 1000
+TIMEOUT = 600.0
+NAME = "preempted"
+
+
+def p50(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    return round(ordered[(len(ordered) - 1) // 2], 3) if ordered else None
+
+
+def say(message: str) -> None:
+    print(f"[preemption] {message}", file=sys.stderr, flush=True)
+
+
+def preempt_once(jobs: Jobs, record: TrainingRecord, interval: int, grace: int) -> dict[str, Any]:
+    """Suspend halfway between two checkpoints, resume, and measure what it cost."""
+    jobs.patch_spec(NAME, {"checkpoint": {"stopGracePeriodSeconds": grace}})
+    start = record.last_step()
+    target = (start // interval + 1) * interval + interval // 2  # past the next checkpoint
+    wait_for(lambda: record.last_step() >= target, TIMEOUT, f"step {target}")
+    suspended_at = time.time()
+    jobs.patch_spec(NAME, {"suspend": True})
+    wait_for(lambda: jobs.ray_cluster(NAME) is None, TIMEOUT, "the RayCluster to go")
+    released_at = time.time()
+    trained = record.last_step()
+    logged = len(record.records())
+    resumed_from = record.newest_checkpoint() or 0
+    jobs.patch_spec(NAME, {"suspend": False})
+    resumed_at = time.time()
+    first = wait_for(
+        lambda: record.records()[logged:][:1], TIMEOUT, "the first step after the resume"
+    )[0]
+    sample = {
+        "stop_grace_period_seconds": grace,
+        "suspended_at_step": trained,
+        "resumed_from_step": resumed_from,
+        "steps_retrained": trained - (int(first["step"]) - 1),
+        "release_s": round(released_at - suspended_at, 3),
+        "resume_s": round(float(first["time"]) - resumed_at, 3),
+    }
+    say(str(sample))
+    return sample
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="suspends with a drain, and without")
+    parser.add_argument("--interval", type=int, default=8, help="checkpoint.intervalSteps")
+    parser.add_argument("--out", default="benchmarks/results/preemption.json")
+    args = parser.parse_args()
+
+    samples: list[dict[str, Any]] = []
+    with operator_session("preemption") as session:
+        jobs = Jobs(session.lc, session.namespace)
+        manifest = faults.fault_job(
+            NAME,
+            jobs.namespace,
+            session.workdir / "checkpoints",
+            algorithm={"totalSteps": TOTAL_STEPS},
+            checkpoint={"intervalSteps": args.interval},
+        )
+        record = TrainingRecord.of(manifest)
+        jobs.create(manifest)
+        for run in range(args.runs):
+            for grace in (600, 0):
+                say(f"run {run + 1}/{args.runs}, stopGracePeriodSeconds {grace}")
+                samples.append(preempt_once(jobs, record, args.interval, grace))
+
+    drained = [s for s in samples if s["stop_grace_period_seconds"]]
+    undrained = [s for s in samples if not s["stop_grace_period_seconds"]]
+    result = {
+        "benchmark": "preemption",
+        "command": f"task bench:preemption -- --runs {args.runs} --interval {args.interval}",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": "2 cores, 24 GiB; local control plane, KWOK nodes, stand-in Ray",
+        "job": "rlhf_local.faults.fault_job: 1 trainer rank, 2 rollout engines, checkpoint every "
+        f"{args.interval} steps, heartbeat 1 s; suspended halfway between two checkpoints",
+        "steps_retrained_with_jit": max(s["steps_retrained"] for s in drained),
+        "steps_retrained_without_jit": max(s["steps_retrained"] for s in undrained),
+        "interval_steps": args.interval,
+        "release_seconds": p50([s["release_s"] for s in drained]),
+        "resume_seconds": p50([s["resume_s"] for s in drained]),
+        "release_seconds_without_jit": p50([s["release_s"] for s in undrained]),
+        "resume_seconds_without_jit": p50([s["resume_s"] for s in undrained]),
+        "runs": samples,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    Path(args.out).write_text(text + "\n")
+    return 0 if result["steps_retrained_with_jit"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
