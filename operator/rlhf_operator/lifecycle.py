@@ -439,10 +439,15 @@ class _Planner:
         beat = self.current_heartbeat()
         if ray_job is not None and ray_job.submission_id != self.attempt_id():
             ray_job = None  # an earlier attempt, already stopped
+        asked_at = self.since(DRAINING, "True")
+        # The answer to this request, not an earlier drain's (it stays on the Lease); a second
+        # of slack for the time's round trip through text.
+        answered = beat.checkpoint_requested_at if beat is not None else None
+        heard = answered is not None and answered >= asked_at - timedelta(seconds=1)
         if ray_job is None or not ray_job.active or cluster is None or cluster.deleting:
             if self.draining():
                 done = "the trainer stopped"
-                if beat is not None and beat.checkpoint_saved_step is not None:
+                if heard and beat is not None and beat.checkpoint_saved_step is not None:
                     done += f" after checkpointing step {beat.checkpoint_saved_step}"
                 self.end_drain(EventReason.DRAINED, "Normal", f"{cause}: {done}")
             return False
@@ -459,9 +464,7 @@ class _Planner:
             self.status.message = asked
             self.requeue(DRAIN_POLL_SECONDS)
             return True
-        asked_at = self.since(DRAINING, "True")
         waited = self.waited(asked_at)
-        heard = beat is not None and beat.checkpoint_requested_at is not None
         deaf = self.job.spec.liveness.heartbeat_timeout_seconds
         if not heard and waited >= deaf:
             late = f"{cause}: the trainer did not acknowledge the stop request in {deaf}s"

@@ -338,6 +338,8 @@ def test_the_trainer_exiting_ends_the_drain_and_releases_the_cluster() -> None:
     ("beat", "now", "why"),
     [
         (LISTENING, 50 + 60, "did not acknowledge the stop request in 60s"),  # heartbeatTimeout
+        # An earlier drain's answer, still on the Lease, is no answer to this one.
+        (replace(LISTENING, checkpoint_requested_at=at(10)), 50 + 60, "did not acknowledge"),
         (replace(LISTENING, checkpoint_requested_at=at(50)), 50 + 600, "did not stop within 600s"),
     ],
 )
