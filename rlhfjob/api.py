@@ -7,6 +7,7 @@ config format. Field docstrings become the CRD's descriptions (`kubectl explain 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -17,13 +18,15 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     WithJsonSchema,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema, PydanticCustomError
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from rlhfjob import cel
 from rlhfjob.cel import CelRule, immutable
@@ -166,10 +169,19 @@ QUANTITY_RULES = (
 )
 
 
+QUANTITY_MAX_LENGTH = 64
+"""Longer than any quantity; the bound keeps the CEL cost of a map of quantities (a pod's
+extraResources) within the API server's budget."""
+
+
 def _int_or_string(value: Any) -> Any:
     """Refuse other types here, so the error names the field (not a branch of the union)."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise PydanticCustomError("int_or_string", "must be an integer or a string")
+    if isinstance(value, str) and len(value) > QUANTITY_MAX_LENGTH:
+        raise PydanticCustomError(
+            "int_or_string", "may not be longer than {limit}", {"limit": QUANTITY_MAX_LENGTH}
+        )
     return value
 
 
@@ -183,6 +195,7 @@ Quantity = Annotated[
         {
             "x-kubernetes-int-or-string": True,
             "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "maxLength": QUANTITY_MAX_LENGTH,
             "x-kubernetes-validations": [rule.to_schema() for rule in QUANTITY_RULES],
         }
     ),
@@ -349,14 +362,44 @@ def _free_mount_path(field: str) -> CelRule:
     )
 
 
-def _unique(items: str, key: str) -> CelRule:
-    """Entries of the list `items` differ in `key` (merging and the pod API key them by it)."""
-    return CelRule(
-        f"!has(self.{items})"
-        f" || self.{items}.all(a, self.{items}.exists_one(b, b.{key} == a.{key}))",
-        f"{items} must not repeat a {key}",
-        f".{items}",
-    )
+@dataclass(frozen=True)
+class ListMapKey:
+    """Entries of a list differ in `key` (a field of theirs), as in the pod API: the API server
+    keeps the list a map (`x-kubernetes-list-type: map`), refusing a repeated key at no CEL cost
+    and merging by it on server-side apply; the models refuse it alike, naming the entry; and a
+    pod's own entry replaces the job's of the same key (`PodOverrides.overlaid`)."""
+
+    key: str
+
+    def __get_pydantic_json_schema__(
+        self, core: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler(core)
+        schema["x-kubernetes-list-type"] = "map"
+        schema["x-kubernetes-list-map-keys"] = [to_camel(self.key)]
+        return schema
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def _check(self, items: list[Any]) -> list[Any]:
+        seen: set[Any] = set()
+        for index, item in enumerate(items):
+            value = getattr(item, self.key)
+            if value in seen:
+                message = f"Duplicate value: {to_camel(self.key)} {value!r}"
+                raise PydanticCustomError(
+                    "duplicate_key", "{message}", {"message": message, "field": f"[{index}]"}
+                )
+            seen.add(value)
+        return items
+
+    @staticmethod
+    def of(field: FieldInfo) -> str | None:
+        """The key of a field's list, if it is keyed."""
+        return next((m.key for m in field.metadata if isinstance(m, ListMapKey)), None)
 
 
 ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
@@ -554,17 +597,21 @@ class PodOverrides(ApiModel):
     equal env name, volume name or mount path), single values replaced.
     """
 
-    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    env: Annotated[list[EnvVar], ListMapKey("name")] = Field(default_factory=list, max_length=64)
     """Environment variables of the Ray container (the driver's and every actor's). Name
     secrets with valueFrom.secretKeyRef: the kubelet resolves it, and the value appears in no
     object the operator writes."""
     env_from: list[EnvFromSource] = Field(default_factory=list, max_length=16)
     """Secrets and ConfigMaps whose every key becomes a variable. `env` wins over them, and the
     operator's and KubeRay's own variables over both."""
-    volumes: list[PodVolume] = Field(default_factory=list, max_length=32)
+    volumes: Annotated[list[PodVolume], ListMapKey("name")] = Field(
+        default_factory=list, max_length=32
+    )
     """More volumes (a models volume, say), beside the operator's own and the checkpoint
     volume."""
-    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=32)
+    volume_mounts: Annotated[list[VolumeMount], ListMapKey("mount_path")] = Field(
+        default_factory=list, max_length=32
+    )
     """Where the Ray container mounts them."""
     extra_resources: ExtraResources = Field(default_factory=dict)
     """More resources per pod, requested and limited alike (extended resources must be): for
@@ -576,20 +623,6 @@ class PodOverrides(ApiModel):
     """Labels of the pods, beside the operator's and KubeRay's."""
     annotations: PodAnnotations = Field(default_factory=dict)
     """Annotations of the pods (a service mesh's, a log shipper's)."""
-
-    merge_keys: ClassVar[dict[str, str]] = {
-        "env": "name",
-        "volumes": "name",
-        "volume_mounts": "mount_path",
-    }
-    """The lists whose entries a pod's own overrides replace by key (the pod API's keys too);
-    other lists are joined."""
-
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        _unique("env", "name"),
-        _unique("volumes", "name"),
-        _unique("volumeMounts", "mountPath"),
-    )
 
     def overlaid(self, pod: PodOverrides | None) -> PodOverrides:
         """These overrides (spec.pods) with one pod's own laid over them."""
@@ -603,7 +636,7 @@ class PodOverrides(ApiModel):
             if isinstance(low, dict):
                 values[name] = {**low, **high}
             elif isinstance(low, list):
-                key = self.merge_keys.get(name)
+                key = ListMapKey.of(PodOverrides.model_fields[name])
                 if key is None:
                     values[name] = [*low, *(item for item in high if item not in low)]
                 else:
@@ -630,12 +663,12 @@ class PodDefaults(PodOverrides):
     """The PriorityClass of every Ray pod (unset: the cluster's default)."""
     scheduler_name: ObjectName | None = None
     """The scheduler of every Ray pod, for example a gang scheduler's (unset: the default)."""
-    image_pull_secrets: list[PullSecret] = Field(default_factory=list, max_length=16)
+    image_pull_secrets: Annotated[list[PullSecret], ListMapKey("name")] = Field(
+        default_factory=list, max_length=16
+    )
     """Secrets of the job's namespace that the kubelet pulls spec.image with."""
 
     cel_rules = (
-        *PodOverrides.cel_rules,
-        _unique("imagePullSecrets", "name"),
         CelRule(
             "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes)"
             " && self.volumes.exists(v, v.name == m.name))",

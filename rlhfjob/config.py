@@ -24,6 +24,10 @@ class InvalidJobError(ValueError):
         super().__init__(f"{source} is not a valid RLHFJob:\n  " + "\n  ".join(problems))
 
 
+_BLAMING = ("cel_rule", "duplicate_key")
+"""Errors raised on an object that name the field (or list entry) at fault in their context."""
+
+
 def describe_errors(error: ValidationError) -> list[str]:
     """Render pydantic errors as `field.path: message` lines (wire names, camelCase)."""
     lines = []
@@ -31,8 +35,9 @@ def describe_errors(error: ValidationError) -> list[str]:
         path = ""
         for part in item["loc"]:
             path += f"[{part}]" if isinstance(part, int) else f".{part}"
-        if item["type"] == "cel_rule" and item.get("ctx", {}).get("field"):
-            path += f".{item['ctx']['field']}"  # the field a CEL rule blames, as the server does
+        field = item.get("ctx", {}).get("field") if item["type"] in _BLAMING else None
+        if field:  # the field (or entry) a rule blames, as the server does
+            path += field if field.startswith("[") else f".{field}"
         path = path.lstrip(".")
         message = item["msg"].removeprefix("Value error, ")
         lines.append(f"{path}: {message}" if path else message)

@@ -11,6 +11,7 @@ that translation and nothing else, so every fact stays in `rlhfjob.api`.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,27 +126,36 @@ def default_text(value: Any) -> str | None:
     return None
 
 
-def document_defaults(node: dict[str, Any]) -> None:
-    """Append "Default: X." to the description of every property with a scalar default, so
-    `kubectl explain` shows it: the one place defaults are spelt out in prose."""
+def unwrap(text: str) -> str:
+    """A docstring as one paragraph per paragraph: `kubectl explain` keeps every newline, and
+    a docstring's are only where its source lines wrap."""
+    paragraphs = re.split(r"\n\s*\n", text.strip())
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+
+def document(node: dict[str, Any]) -> None:
+    """Unwrap every description and append "Default: X." to that of every property with a
+    scalar default, so `kubectl explain` shows it: the one place defaults are spelt out."""
+    if isinstance(node.get("description"), str):
+        node["description"] = unwrap(node["description"])
     for prop in node.get("properties", {}).values():
+        document(prop)
         text = default_text(prop.get("default"))
         if text is not None and prop.get("description"):
-            sentence = prop["description"].rstrip()
-            if not sentence.endswith("."):
-                sentence += "."
-            prop["description"] = f"{sentence} Default: {text}."
-        document_defaults(prop)
+            sentence = prop["description"]
+            prop["description"] = (
+                f"{sentence if sentence.endswith('.') else sentence + '.'} Default: {text}."
+            )
     for key in ("items", "additionalProperties"):
         if isinstance(node.get(key), dict):
-            document_defaults(node[key])
+            document(node[key])
 
 
 def _model_schema(model: type[api.ApiModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     schema = to_structural(raw, raw.get("$defs", {}))
     add_section_defaults(model, schema)
-    document_defaults(schema)
+    document(schema)
     return schema
 
 
@@ -155,7 +165,7 @@ def build_crd() -> dict[str, Any]:
     properties = job_schema["properties"]
     root = {
         "type": "object",
-        "description": api.RLHFJob.__doc__,
+        "description": unwrap(api.RLHFJob.__doc__ or ""),
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},

@@ -106,8 +106,24 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
             errors.append(f"{path}: Too many: must have at most {schema['maxItems']} items")
         for index, item in enumerate(value):
             errors += validate(schema.get("items", {}), item, f"{path}[{index}]")
+        errors += _duplicate_keys(schema, value, path)
     if not errors:  # the server skips CEL on nodes whose schema already failed
         errors = _check_rules(schema, value, path)
+    return errors
+
+
+def _duplicate_keys(schema: dict[str, Any], value: list[Any], path: str) -> list[str]:
+    """An `x-kubernetes-list-type: map` list repeats no key (the server's check, not CEL)."""
+    if schema.get("x-kubernetes-list-type") != "map":
+        return []
+    keys = schema["x-kubernetes-list-map-keys"]
+    seen: set[tuple[Any, ...]] = set()
+    errors = []
+    for index, item in enumerate(value):
+        key = tuple(item.get(name) for name in keys) if isinstance(item, dict) else (item,)
+        if key in seen:
+            errors.append(f"{path}[{index}]: Duplicate value: {key}")
+        seen.add(key)
     return errors
 
 

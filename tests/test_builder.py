@@ -13,7 +13,7 @@ import yaml
 from rlhf_operator import builder
 from rlhf_operator.names import short_name
 from rlhfjob.config import load_job, parse_job
-from rlhfjob.invalid_cases import merge_patch, valid_job
+from rlhfjob.invalid_cases import EVERY_POD_OVERRIDE, MODELS, SECRET_ENV, merge_patch, valid_job
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -240,38 +240,6 @@ def test_config_map_holds_the_job_the_trainer_reads_back() -> None:
     assert parse_job(document).spec == job.spec
 
 
-HF_TOKEN = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
-MODELS = {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
-EVERY_OVERRIDE = {
-    "spec": {
-        "pods": {
-            "priorityClassName": "research-high",
-            "schedulerName": "gang",
-            "imagePullSecrets": [{"name": "registry"}],
-            "labels": {"team": "alignment"},
-            "annotations": {"example.com/owner": "rl"},
-            "env": [HF_TOKEN, {"name": "LOG_LEVEL", "value": "info"}],
-            "envFrom": [{"secretRef": {"name": "wandb"}, "prefix": "WB_"}],
-            "volumes": [MODELS],
-            "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
-            "shmSize": "8Gi",
-        },
-        "head": {"pod": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}},
-        "roles": {
-            "trainer": {
-                "pod": {
-                    "extraResources": {"rdma/ib": 1},
-                    "shmSize": "64Gi",
-                    "labels": {"tier": "train"},
-                    "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "100Gi"}}],
-                    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-                }
-            }
-        },
-    }
-}
-
-
 def _templates(cluster: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = cluster["spec"]
     groups = {group["groupName"]: group["template"] for group in spec["workerGroupSpecs"]}
@@ -279,7 +247,7 @@ def _templates(cluster: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_pod_overrides_render_into_every_group_with_the_groups_own_on_top() -> None:
-    templates = _templates(builder.build_ray_cluster(_job(EVERY_OVERRIDE)))
+    templates = _templates(builder.build_ray_cluster(_job({"spec": EVERY_POD_OVERRIDE})))
     for group, template in templates.items():
         pod, container = template["spec"], _container(template)
         env = {var["name"]: var for var in container["env"]}
@@ -289,22 +257,23 @@ def test_pod_overrides_render_into_every_group_with_the_groups_own_on_top() -> N
             "RLHF_ROLE",
             "RLHF_JOB_CONFIG",
         ]
-        assert env["HF_TOKEN"] == HF_TOKEN | {
-            "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": False}}
+        assert env["HF_TOKEN"] == SECRET_ENV | {
+            "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": False}}
         }
         assert env["LOG_LEVEL"]["value"] == ("debug" if group == "head" else "info")
         assert container["envFrom"] == [
-            {"prefix": "WB_", "secretRef": {"name": "wandb", "optional": False}}
+            {"prefix": "WANDB_", "secretRef": {"name": "wandb", "optional": False}},
+            {"configMapRef": {"name": "settings", "optional": True}},
         ]
         volumes = {volume["name"]: volume for volume in pod["volumes"]}
-        assert volumes["models"] == MODELS
+        assert volumes["models"] == MODELS["volumes"][0]
         mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
         assert mounts["models"] == {"name": "models", "mountPath": "/models", "readOnly": True}
         assert ("scratch" in mounts) == ("scratch" in volumes) == (group == "trainer")
         shm = volumes["dshm"]["emptyDir"]
         assert shm == {"medium": "Memory", "sizeLimit": "64Gi" if group == "trainer" else "8Gi"}
         assert pod["priorityClassName"] == "research-high"
-        assert pod["schedulerName"] == "gang"
+        assert pod["schedulerName"] == "gang-scheduler"
         assert pod["imagePullSecrets"] == [{"name": "registry"}]
         labels = template["metadata"]["labels"]
         assert labels["team"] == "alignment" and labels["rlhf.dev/role"] == group
@@ -327,17 +296,17 @@ def test_a_job_without_overrides_renders_as_before() -> None:
 
 def test_secrets_stay_references_in_everything_the_operator_writes() -> None:
     """The operator never reads a Secret: what it applies names the Secret, never its value."""
-    job = _job(EVERY_OVERRIDE)
+    job = _job({"spec": EVERY_POD_OVERRIDE})
     objects = builder.build_owned_objects(job, "t0ken", "rlhfjob-system")
     cluster = next(o for o in objects if o["kind"] == "RayCluster")
     for template in _templates(cluster).values():
         (hf,) = [var for var in _container(template)["env"] if var["name"] == "HF_TOKEN"]
-        assert "value" not in hf and hf["valueFrom"]["secretKeyRef"]["name"] == "hf"
+        assert "value" not in hf and hf["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
     config = next(o for o in objects if o["kind"] == "ConfigMap")
     stored = yaml.safe_load(config["data"][builder.JOB_CONFIG_FILE])
     assert stored["spec"]["pods"]["env"][0] == {
         "name": "HF_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": False}},
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": False}},
     }
     # The one Secret the operator writes is the job's Ray token, which it derives itself.
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == ["demo-ray-auth"]
