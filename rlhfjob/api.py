@@ -626,10 +626,7 @@ class PodOverrides(ApiModel):
 
     def overlaid(self, pod: PodOverrides | None) -> PodOverrides:
         """These overrides (spec.pods) with one pod's own laid over them."""
-        if pod is None:
-            return PodOverrides.model_construct(
-                **{name: getattr(self, name) for name in PodOverrides.model_fields}
-            )
+        pod = pod or PodOverrides()
         values: dict[str, Any] = {}
         for name in PodOverrides.model_fields:
             low, high = getattr(self, name), getattr(pod, name)

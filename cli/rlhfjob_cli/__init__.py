@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument(
         "--allowed-volume-type",
         action="append",
-        help="a volume source a checkpoint volume may use (repeatable; default: PVC, CSI, NFS, "
+        help="a volume source a job's volumes may use (repeatable; default: PVC, CSI, NFS, "
         "emptyDir, ConfigMap, Secret)",
     )
     operator.add_argument(
