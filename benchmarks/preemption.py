@@ -2,13 +2,13 @@
 
     python benchmarks/preemption.py [--runs 3] [--interval 8]
 
-One tiny GRPO job (`rlhf_local.faults.fault_job`) trains under the operator and is suspended
-and resumed `--runs` times with a drain (`checkpoint.stopGracePeriodSeconds` at its default:
-the trainer checkpoints the step it is on before the cluster goes) and `--runs` times without
-one (`stopGracePeriodSeconds: 0`: the cluster goes at once and the job resumes from its last
-interval checkpoint). A suspend is what a preemption does to the job (Kueue suspends the
-workload it admitted), so these are the figures of a preemption. Each time the job is suspended
-halfway between two interval checkpoints. Per run:
+Two tiny GRPO jobs (`rlhf_local.faults.fault_job`) train under the operator, one after the
+other, and each is suspended and resumed `--runs` times: one with a drain
+(`checkpoint.stopGracePeriodSeconds` at its default: the trainer checkpoints the step it is on
+before the cluster goes), one without (`stopGracePeriodSeconds: 0`: the cluster goes at once
+and the job resumes from its last interval checkpoint). A suspend is what a preemption does
+to a job (a queue suspends the job it evicts), so these are the figures of a preemption. Each
+time the job is suspended halfway between two interval checkpoints. Per run:
 
 * ``steps_retrained``: steps trained a second time after the resume (the step log);
 * ``release_s``: suspend → the RayCluster is gone (the drain's checkpoint included);
@@ -37,7 +37,6 @@ from rlhf_local.session import operator_session
 
 TOTAL_STEPS = 1000
 TIMEOUT = 600.0
-NAME = "preempted"
 
 
 def p50(values: list[float]) -> float | None:
@@ -49,20 +48,21 @@ def say(message: str) -> None:
     print(f"[preemption] {message}", file=sys.stderr, flush=True)
 
 
-def preempt_once(jobs: Jobs, record: TrainingRecord, interval: int, grace: int) -> dict[str, Any]:
+def preempt_once(
+    jobs: Jobs, name: str, record: TrainingRecord, interval: int, grace: int
+) -> dict[str, Any]:
     """Suspend halfway between two checkpoints, resume, and measure what it cost."""
-    jobs.patch_spec(NAME, {"checkpoint": {"stopGracePeriodSeconds": grace}})
     start = record.last_step()
     target = (start // interval + 1) * interval + interval // 2  # past the next checkpoint
     wait_for(lambda: record.last_step() >= target, TIMEOUT, f"step {target}")
     suspended_at = time.time()
-    jobs.patch_spec(NAME, {"suspend": True})
-    wait_for(lambda: jobs.ray_cluster(NAME) is None, TIMEOUT, "the RayCluster to go")
+    jobs.patch_spec(name, {"suspend": True})
+    wait_for(lambda: jobs.ray_cluster(name) is None, TIMEOUT, "the RayCluster to go")
     released_at = time.time()
     trained = record.last_step()
     logged = len(record.records())
     resumed_from = record.newest_checkpoint() or 0
-    jobs.patch_spec(NAME, {"suspend": False})
+    jobs.patch_spec(name, {"suspend": False})
     resumed_at = time.time()
     first = wait_for(
         lambda: record.records()[logged:][:1], TIMEOUT, "the first step after the resume"
@@ -89,19 +89,23 @@ def main() -> int:
     samples: list[dict[str, Any]] = []
     with operator_session("preemption") as session:
         jobs = Jobs(session.lc, session.namespace)
-        manifest = faults.fault_job(
-            NAME,
-            jobs.namespace,
-            session.workdir / "checkpoints",
-            algorithm={"totalSteps": TOTAL_STEPS},
-            checkpoint={"intervalSteps": args.interval},
-        )
-        record = TrainingRecord.of(manifest)
-        jobs.create(manifest)
-        for run in range(args.runs):
-            for grace in (600, 0):
-                say(f"run {run + 1}/{args.runs}, stopGracePeriodSeconds {grace}")
-                samples.append(preempt_once(jobs, record, args.interval, grace))
+        for name, grace in (("drained", 600), ("undrained", 0)):
+            manifest = faults.fault_job(
+                name,
+                jobs.namespace,
+                session.workdir / "checkpoints",
+                algorithm={"totalSteps": TOTAL_STEPS},
+                checkpoint={"intervalSteps": args.interval, "stopGracePeriodSeconds": grace},
+            )
+            record = TrainingRecord.of(manifest)
+            jobs.create(manifest)
+            for run in range(args.runs):
+                say(f"{name}: run {run + 1}/{args.runs}, stopGracePeriodSeconds {grace}")
+                samples.append(preempt_once(jobs, name, record, args.interval, grace))
+            jobs.lc.custom.delete_namespaced_custom_object(
+                "rlhf.dev", "v1alpha1", jobs.namespace, "rlhfjobs", name
+            )
+            wait_for(lambda n=name: jobs.ray_cluster(n) is None, TIMEOUT, f"{name}'s cluster")
 
     drained = [s for s in samples if s["stop_grace_period_seconds"]]
     undrained = [s for s in samples if not s["stop_grace_period_seconds"]]
