@@ -398,12 +398,13 @@ def test_helm_install_upgrade_uninstall(local_cluster: LocalCluster) -> None:
     helm = ["--kubeconfig", str(lc.kubeconfig), "-n", namespace]
     manifests = chart_manifests(release=release, namespace=namespace)
     deployment = chart_deployment(manifests)["metadata"]["name"]
-    (role,) = _of_kind(manifests, "ClusterRole")
+    roles = [r["metadata"]["name"] for r in _of_kind(manifests, "ClusterRole")]
+    assert len(roles) == 2, roles  # the operator's, and the read-only one for nodes
     (policy,) = _of_kind(manifests, "ValidatingAdmissionPolicy")
     (secret,) = _of_kind(manifests, "Secret")
     cluster_objects = [
-        ("clusterrole", role["metadata"]["name"]),
-        ("clusterrolebinding", role["metadata"]["name"]),
+        *(("clusterrole", role) for role in roles),
+        *(("clusterrolebinding", role) for role in roles),
         ("validatingadmissionpolicy", policy["metadata"]["name"]),
         ("validatingadmissionpolicybinding", policy["metadata"]["name"]),
     ]
