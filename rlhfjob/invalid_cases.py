@@ -718,6 +718,12 @@ INVALID_CASES: list[InvalidCase] = [
         "must be a Kubernetes quantity",
     ),
     InvalidCase(
+        "quantity-with-a-huge-exponent",
+        _role("critic", memory=".494E-73661000"),
+        "spec.roles.critic.memory",
+        "must be a Kubernetes quantity",
+    ),
+    InvalidCase(
         "priority-class-per-role",
         _role("trainer", pod={"priorityClassName": "high"}),
         "spec.roles.trainer.pod.priorityClassName",
