@@ -114,6 +114,9 @@ ENV_JOB_CONFIG = "RLHF_JOB_CONFIG"
 ENV_ATTEMPT = "RLHF_ATTEMPT"
 """Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
 KUBERAY_GROUP = "ray.io"
+KUEUE_GROUP = "kueue.x-k8s.io"
+"""Kueue's API group and label prefix: a job opts into queueing with its label
+`kueue.x-k8s.io/queue-name` (`rlhfjob.contract.kueue`)."""
 KUBERAY_ENV = (
     *("RAY_ADDRESS", "RAY_PORT", "RAY_IP", "FQ_RAY_IP"),
     *("RAY_CLUSTER_NAME", "RAY_CLUSTER_NAMESPACE", "RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME"),
@@ -131,9 +134,10 @@ RESERVED_ENV = (
     ENV_ATTEMPT,
     *KUBERAY_ENV,
 )
-RESERVED_KEY_DOMAINS = (GROUP, KUBERAY_GROUP)
-"""The operator's and KubeRay's label and annotation prefixes (`rlhf.dev/job`, `ray.io/group`):
-a job's pod labels and annotations stay out of them and their subdomains."""
+RESERVED_KEY_DOMAINS = (GROUP, KUBERAY_GROUP, KUEUE_GROUP)
+"""The operator's, KubeRay's and Kueue's label and annotation prefixes (`rlhf.dev/job`,
+`ray.io/group`, `kueue.x-k8s.io/queue-name`): a job's pod labels and annotations stay out of them
+and their subdomains (a queue label on a pod would have Kueue queue each pod on its own)."""
 ENV_NAME_PATTERN = "^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 """An environment variable's name as the pod API checks it (a C identifier, `.` and `-` too)."""
 DNS_LABEL_PATTERN = f"^{_DNS_LABEL}$"
@@ -1466,6 +1470,7 @@ class ConditionType(StrEnum):
     HEALTHY = "Healthy"
     DEGRADED = "Degraded"
     DRAINING = "Draining"
+    ADMITTED = "Admitted"
     SUSPENDED = "Suspended"
     COMPLETE = "Complete"
     FAILED = "Failed"

@@ -187,6 +187,7 @@ def test_event_reasons_are_the_words_the_operator_always_used() -> None:
         "Provisioning", "Submitted", "Running", "Succeeded", "Suspended", "Resumed",
         "Degraded", "ReplicasRestored", "BelowReplicas", "AllReplicas",
         "Draining", "Drained", "DrainTimedOut", "NodeDrained",
+        "Queued", "Admitted", "Preempted", "QuotaReleased",
     }  # fmt: skip
 
 

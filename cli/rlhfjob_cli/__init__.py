@@ -70,6 +70,7 @@ def _operator(args: argparse.Namespace) -> int:
         allowed_service_accounts=tuple(args.allowed_service_account or ()),
         operator_namespace=args.operator_namespace or os.environ.get("POD_NAMESPACE"),
         operator_service_account=args.operator_service_account,
+        kueue=args.kueue,
     )
     settings = OperatorSettings(
         ray_auth=ray_auth,
@@ -172,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allowed-service-account",
         action="append",
         help="a ServiceAccount a job may name (repeatable; default: none, the per-job one)",
+    )
+    operator.add_argument(
+        "--kueue",
+        action="store_true",
+        help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue (needs Kueue v0.17+ "
+        "and the chart's kueue.enabled RBAC); without it such a job is refused",
     )
     operator.add_argument("--verbose", action="store_true")
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))

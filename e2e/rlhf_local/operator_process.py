@@ -49,6 +49,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: The chart's values the e2e operator runs with: Kueue's integration on (the local control plane
+#: runs Kueue), so its RBAC is what the tests exercise.
+OPERATOR_VALUES = ("kueue.enabled=true",)
+
+
 def chart_manifests(
     *values: str, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE
 ) -> list[dict[str, Any]]:
@@ -78,15 +83,17 @@ def chart_service_account(manifests: list[dict[str, Any]] | None = None) -> str:
 
 
 def chart_policy_args(manifests: list[dict[str, Any]] | None = None) -> list[str]:
-    """The job policy flags (`--allowed-volume-type=...`, ...) of the chart's Deployment."""
+    """The job policy flags (`--allowed-volume-type=...`, `--kueue`) of the chart's Deployment
+    rendered with `OPERATOR_VALUES`."""
+    manifests = manifests or chart_manifests(*OPERATOR_VALUES)
     container = chart_deployment(manifests)["spec"]["template"]["spec"]["containers"][0]
-    return [arg for arg in container["args"] if arg.startswith("--allowed-")]
+    return [arg for arg in container["args"] if arg.startswith(("--allowed-", "--kueue"))]
 
 
 def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
     """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token)."""
     lc.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    manifests = chart_manifests()
+    manifests = chart_manifests(*OPERATOR_VALUES)
     service_account = chart_service_account(manifests)
     for manifest in manifests:
         if manifest["kind"] in RBAC_KINDS:

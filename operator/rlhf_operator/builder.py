@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlhf_operator import queueing
 from rlhf_operator.names import (
     DASHBOARD_PORT,
     LABEL_JOB,
@@ -30,6 +31,7 @@ from rlhf_operator.names import (
     ray_cluster_name,
     trainer_service_account,
 )
+from rlhf_operator.queueing import PodSetPlacement
 from rlhfjob import api
 from rlhfjob.api import (
     ElasticRoleSpec,
@@ -245,9 +247,15 @@ def _worker_group(job: RLHFJob, role: str, spec: RoleSpec) -> dict[str, Any]:
     }
 
 
-def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
-    """The `ray.io/v1` RayCluster for a job: a CPU head plus one worker group per enabled role."""
-    return {
+def build_ray_cluster(
+    job: RLHFJob, placement: dict[str, PodSetPlacement] | None = None
+) -> dict[str, Any]:
+    """The `ray.io/v1` RayCluster for a job: a CPU head plus one worker group per enabled role.
+
+    `placement` is what Kueue's admission adds to each group's pods (its flavors' node labels
+    and tolerations), for a queued job.
+    """
+    cluster: dict[str, Any] = {
         "apiVersion": RAY_API_VERSION,
         "kind": RAY_CLUSTER_KIND,
         "metadata": _metadata(job, ray_cluster_name(job)),
@@ -269,6 +277,33 @@ def build_ray_cluster(job: RLHFJob) -> dict[str, Any]:
             ],
         },
     }
+    groups = [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]
+    for group in groups:
+        added = (placement or {}).get(group.get("groupName", "head"))
+        if added:
+            _place(group["template"]["spec"], added)
+    return cluster
+
+
+def _place(pod_spec: dict[str, Any], added: PodSetPlacement) -> None:
+    """Merge an admission's placement into a pod: the flavor's node labels join the pool's
+    selector, its tolerations join the pool's."""
+    if selector := added.get("nodeSelector"):
+        pod_spec["nodeSelector"] = dict(
+            sorted({**pod_spec.get("nodeSelector", {}), **selector}.items())
+        )
+    tolerations = pod_spec.get("tolerations", [])
+    extra = [t for t in added.get("tolerations", []) if t not in tolerations]
+    if extra:
+        pod_spec["tolerations"] = [*tolerations, *extra]
+
+
+def build_workload(job: RLHFJob, priority: int | None) -> dict[str, Any]:
+    """The Kueue Workload of a queued job (`queueing.build_workload`): its pod sets are the
+    groups of the RayCluster it is admitted for."""
+    return queueing.build_workload(
+        job, build_ray_cluster(job), owner_reference(job), job_labels(job), priority
+    )
 
 
 def build_ray_auth_secret(job: RLHFJob, token: str) -> dict[str, Any]:
@@ -393,7 +428,10 @@ def build_trainer_rbac(job: RLHFJob) -> list[dict[str, Any]]:
 
 
 def build_owned_objects(
-    job: RLHFJob, ray_token: str, operator_namespace: str | None
+    job: RLHFJob,
+    ray_token: str,
+    operator_namespace: str | None,
+    placement: dict[str, PodSetPlacement] | None = None,
 ) -> list[dict[str, Any]]:
     """Everything the operator applies for a running job, in dependency order."""
     return [
@@ -402,5 +440,5 @@ def build_owned_objects(
         build_network_policy(job, operator_namespace),
         build_disruption_budget(job),
         build_config_map(job),
-        build_ray_cluster(job),
+        build_ray_cluster(job, placement),
     ]

@@ -40,6 +40,7 @@ from rlhf_operator.rayjobs import RayJobClient
 from rlhf_operator.reconciler import Reconciler
 from rlhfjob import api
 from rlhfjob.contract import kuberay as ray
+from rlhfjob.contract import kueue
 
 log = logging.getLogger("rlhf_operator")
 
@@ -62,8 +63,8 @@ KUBE_THREADS = 32
 """Threads for the blocking Kubernetes client, and its connection pool's size (the client's
 default pool, 5 per core, would open and drop a connection for every call beyond it)."""
 URGENT, ROUTINE = 0, 1
-TIMER_ID, CLUSTER_EVENT_ID = "job_timer", "cluster_event"
-"""kopf's ids of the two handlers that run most often."""
+TIMER_ID, CLUSTER_EVENT_ID, WORKLOAD_EVENT_ID = "job_timer", "cluster_event", "workload_event"
+"""kopf's ids of the handlers that run most often."""
 _urgency: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
     "rlhf_operator_urgency", default=(ROUTINE, 0)
 )
@@ -151,7 +152,11 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING  # our own Events say what matters; not kopf's
         logging.getLogger("kopf.objects").addFilter(
-            _QuietSuccesses(("Timer", TIMER_ID), ("Handler", CLUSTER_EVENT_ID))
+            _QuietSuccesses(
+                ("Timer", TIMER_ID),
+                ("Handler", CLUSTER_EVENT_ID),
+                ("Handler", WORKLOAD_EVENT_ID),
+            )
         )
         settings.watching.server_timeout = 300
         # The chart grants no read on CRDs (least privilege): kopf's one scan at start finds
@@ -231,6 +236,22 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     )
     async def cluster_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         await kick(namespace or "default", labels[LABEL_JOB])
+
+    if settings.policy.kueue:
+
+        @kopf.on.event(
+            kueue.KUEUE_GROUP,
+            kueue.KUEUE_VERSION,
+            kueue.WORKLOADS,
+            labels={LABEL_JOB: kopf.PRESENT},
+            id=WORKLOAD_EVENT_ID,
+            registry=handlers,
+        )
+        async def workload_event(
+            namespace: str | None, labels: Mapping[str, str], **_: Any
+        ) -> None:
+            """Kueue admitted, evicted or requeued a job's Workload."""
+            await kick(namespace or "default", labels[LABEL_JOB])
 
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True, registry=handlers)
     async def job_deleted(namespace: str | None, name: str, **_: Any) -> None:

@@ -5,7 +5,9 @@ chart can be read off this file: rlhfjobs (get, list, watch, patch status, delet
 (get, apply, delete), pods (list), configmaps / serviceaccounts / roles / rolebindings / secrets /
 networkpolicies / poddisruptionbudgets (apply), leases (get, create, patch: a drain's stop
 request), events (create, patch: the job's own Events; list: the Warnings KubeRay records on a
-RayCluster not ready), nodes (list: the cordoned ones, where trainer pods run).
+RayCluster not ready), nodes (list: the cordoned ones, where trainer pods run); with Kueue:
+workloads (get, list, watch, create, patch; status: patch), resourceflavors and
+workloadpriorityclasses (get), priorityclasses (get).
 
 The API server's refusal of an object (HTTP 400, 403, 409, 422) is `ports.ApplyRefusedError`,
 quoting only the Status message; every other error stays the client's `ApiException`.
@@ -27,6 +29,7 @@ from rlhf_operator.ports import ApplyRefusedError
 from rlhf_operator.views import PERMANENT_REFUSALS, RETRIED_REFUSALS, api_status
 from rlhfjob import api
 from rlhfjob.contract import kuberay as ray
+from rlhfjob.contract import kueue
 
 T = TypeVar("T")
 log = logging.getLogger("rlhf_operator")
@@ -205,6 +208,51 @@ class Kube:
     async def annotate_lease(self, namespace: str, name: str, key: str, value: str | None) -> None:
         patch = {"metadata": {"annotations": {key: value}}}
         await self._ignore_missing(self.coordination.patch_namespaced_lease, name, namespace, patch)
+
+    # -- Kueue (queued jobs only) -----------------------------------------------------------
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get_or_none(
+            self.custom.get_namespaced_custom_object,
+            kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, namespace, kueue.WORKLOADS, name,
+        )  # fmt: skip
+
+    async def patch_workload(
+        self, namespace: str, name: str, patch: dict[str, Any], *, status: bool = False
+    ) -> bool:
+        """A merge patch of the Workload (of its status with `status`); False when it carried
+        a resourceVersion Kueue has moved past, or the Workload is gone: re-read, decide again."""
+        fn = (
+            self.custom.patch_namespaced_custom_object_status
+            if status
+            else self.custom.patch_namespaced_custom_object
+        )
+        try:
+            await self._run(
+                fn, kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, namespace, kueue.WORKLOADS, name, patch
+            )
+        except ApiException as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def get_cluster_object(
+        self, group: str, version: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        """A cluster-scoped object Kueue's admission names: a ResourceFlavor, a
+        WorkloadPriorityClass, or a PriorityClass (`scheduling.k8s.io`)."""
+        return await self._get_or_none(
+            self.custom.get_cluster_custom_object, group, version, plural, name
+        )
+
+    async def _get_or_none(self, fn: Any, *args: Any) -> Any:
+        try:
+            return await self._run(fn, *args)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
 
     async def _ignore_missing(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         try:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from rlhf_operator.names import submission_id
+from rlhf_operator.queueing import queue_name
 from rlhf_operator.views import ApplyRefusal, ClusterView, HeartbeatView, Observed, RayJobView
 from rlhfjob.api import (
     MAX_RESTART_HISTORY,
@@ -86,6 +87,32 @@ class ClearStopRequest:
     """The drain is over: take the request off the Lease, so no later driver obeys it."""
 
 
+@dataclass(frozen=True)
+class ApplyWorkload:
+    """Create the queued job's Kueue Workload: its pod sets, queue and priority."""
+
+
+@dataclass(frozen=True)
+class SetWorkloadActive:
+    """`spec.suspend` changed: Kueue keeps an inactive Workload out of its queue."""
+
+    active: bool
+
+
+@dataclass(frozen=True)
+class ReleaseQuota:
+    """Every pod of the job is gone: clear the Workload's quota reservation (Kueue requeues an
+    evicted Workload, so the job runs again when it fits)."""
+
+
+@dataclass(frozen=True)
+class FinishWorkload:
+    """The job ended and its pods are gone: Kueue frees the quota for good."""
+
+    succeeded: bool
+    message: str
+
+
 Action = (
     ApplyCluster
     | DeleteCluster
@@ -94,6 +121,10 @@ Action = (
     | DeleteJob
     | RequestStop
     | ClearStopRequest
+    | ApplyWorkload
+    | SetWorkloadActive
+    | ReleaseQuota
+    | FinishWorkload
 )
 
 
@@ -126,6 +157,7 @@ COMPLETE = ConditionType.COMPLETE.value
 FAILED = ConditionType.FAILED.value
 DEGRADED = ConditionType.DEGRADED.value
 DRAINING = ConditionType.DRAINING.value
+ADMITTED = ConditionType.ADMITTED.value
 
 DRAIN_POLL_SECONDS = 2.0
 """How often a draining job looks whether its trainer has stopped (it checkpoints meanwhile)."""
@@ -240,6 +272,8 @@ class _Planner:
         self.previous_phase = previous.phase
         self.spec_changed = previous.observed_generation != seen.job.metadata.generation
         self.plan = Plan(status=previous.model_copy(deep=True))
+        self.queue = queue_name(seen.job)
+        """The LocalQueue of a job Kueue admits; None: the job runs without asking."""
         self.observed_conditions = {c.type: c for c in previous.conditions}
         """The conditions as the status held them before this plan: a condition that ends the
         plan with the status it had keeps its transition time, even if a step in between set
@@ -348,16 +382,25 @@ class _Planner:
             self.status.observed_generation = self.job.metadata.generation
         self.status.total_steps = self.job.spec.algorithm.total_steps or self.status.total_steps
         self.record_heartbeat()
+        workload = self.seen.workload
         if self.status.phase.terminal:
             self.after_finish()
+        elif self.queue is not None and workload is None:
+            self.enqueue()
         elif self.job.spec.suspend or self.draining() == EventReason.DRAINING:
             self.suspend()
+        elif workload is not None and (
+            self.draining() == EventReason.PREEMPTED or not workload.running_allowed
+        ):
+            self.wait_for_admission()
         elif self.draining() == EventReason.NODE_DRAINED or self.seen.drained_nodes:
             self.move_off_drained_nodes()
         elif self.deadline_passed():
             pass
         else:
             self.drive()
+        if workload is not None and not self.status.phase.terminal:
+            self.follow_workload()
         self.status.message = _trim(self.status.message, MESSAGE_LIMIT)
         return self.plan
 
@@ -395,6 +438,10 @@ class _Planner:
     def after_finish(self) -> None:
         if self.seen.cluster and not self.seen.cluster.deleting:
             self.act(DeleteCluster(f"job {self.status.phase.value.lower()}"))
+        workload = self.seen.workload
+        if workload is not None and not workload.finished and self.cluster_gone():
+            succeeded = self.status.phase == Phase.SUCCEEDED
+            self.act(FinishWorkload(succeeded, self.status.message))
         ttl = self.job.spec.ttl_seconds_after_finished
         if ttl is None or self.status.completion_time is None:
             return
@@ -412,6 +459,7 @@ class _Planner:
         if self.seen.cluster and not self.seen.cluster.deleting:
             self.act(DeleteCluster("suspended"))
         self.status.submission_id = None
+        self.release_quota()
         self.enter(Phase.SUSPENDED, "suspended: cluster released, checkpoints kept")
         why = "spec.suspend is true" if self.job.spec.suspend else "released after a drain"
         self.condition(SUSPENDED, True, EventReason.SUSPENDED, why)
@@ -517,13 +565,99 @@ class _Planner:
         )
         return True
 
-    def drive(self) -> None:
+    def leave_suspension(self) -> None:
         if self.status.phase == Phase.SUSPENDED:
             self.condition(SUSPENDED, False, EventReason.RESUMED, "spec.suspend is false")
             self.enter(
                 Phase.PENDING, "resuming from the latest checkpoint", reason=EventReason.RESUMED
             )
             self.forget_condition(CLUSTER_READY)  # a new provisioning, with its own deadline
+
+    # -- Kueue (a job with the queue-name label) ---------------------------------------------
+
+    def cluster_gone(self) -> bool:
+        """No RayCluster and none of its pods left: the job holds no node's resources."""
+        return self.seen.cluster is None and self.seen.pods_left == 0
+
+    def enqueue(self) -> None:
+        """Put the job in its queue: a Workload Kueue admits as a whole, before any pod."""
+        refused = self.seen.workload_error
+        if refused is not None and refused.permanent:
+            self.cluster_rejected(refused.text)
+            return
+        if refused is not None:
+            self.enter(Phase.PENDING, f"could not queue the job: {refused.text}")
+            self.condition(ADMITTED, False, APPLY_REFUSED, refused.text)
+            waited = self.waited(self.since(ADMITTED, "False"))
+            low, high = APPLY_RETRY_SECONDS
+            self.requeue(min(high, max(low, waited / 2)))
+            return
+        self.act(ApplyWorkload())
+        waiting = f"queued in LocalQueue {self.queue}: waiting for Kueue to admit the job"
+        self.enter(Phase.PENDING, waiting, reason=EventReason.QUEUED)
+        self.condition(ADMITTED, False, EventReason.QUEUED, waiting)
+
+    def follow_workload(self) -> None:
+        """Keep the Workload's `active` in step with `spec.suspend`, and say when Kueue admitted
+        the job."""
+        workload = self.seen.workload
+        assert workload is not None
+        if workload.active == self.job.spec.suspend:
+            self.act(SetWorkloadActive(not self.job.spec.suspend))
+        if workload.running_allowed and self.draining() != EventReason.PREEMPTED:
+            admitted = f"admitted by ClusterQueue {workload.cluster_queue}"
+            if self.condition(ADMITTED, True, EventReason.ADMITTED, admitted):
+                self.event("Normal", EventReason.ADMITTED, admitted)
+
+    def wait_for_admission(self) -> None:
+        """Not admitted (yet, or any more): no cluster may run. An evicted job (a preemption)
+        drains like a suspended one, its cluster goes, and only when its last pod is gone does
+        it give the quota back, so the preemptor never shares its GPUs; Kueue then queues it
+        again, and once admitted it resumes from the drain's checkpoint."""
+        workload = self.seen.workload
+        assert workload is not None
+        self.leave_suspension()
+        eviction = workload.eviction
+        if eviction is not None:
+            cause = f"evicted by Kueue ({eviction.reason}): {eviction.message}".rstrip(": ")
+        else:
+            cause = "not admitted by Kueue"
+        if self.drain(cause, EventReason.PREEMPTED):
+            return
+        cluster = self.seen.cluster
+        if cluster is not None and not cluster.deleting:
+            if self.seen.ray_job and self.seen.ray_job.active:
+                self.act(StopRayJob(self.seen.ray_job.submission_id))
+            self.act(DeleteCluster(cause))
+        self.status.submission_id = None  # the next cluster gets this attempt again
+        if cluster is not None or not self.cluster_gone():
+            self.enter(
+                Phase.PENDING, f"{cause}; releasing its cluster", reason=EventReason.PREEMPTED
+            )
+            self.condition(ADMITTED, False, eviction.reason if eviction else "Pending", cause)
+            self.condition(TRAINER_RUNNING, False, EventReason.PREEMPTED)
+            self.condition(CLUSTER_READY, False, EventReason.PREEMPTED, cause)
+            self.requeue(DRAIN_POLL_SECONDS)
+            return
+        if self.release_quota():
+            waiting = f"{cause}; quota given back, queued again in LocalQueue {self.queue}"
+        else:
+            told = workload.waiting_message or "waiting for Kueue to admit the job"
+            waiting = f"queued in LocalQueue {self.queue}: {told}"
+        self.enter(Phase.PENDING, waiting, reason=EventReason.QUEUED)
+        self.condition(ADMITTED, False, workload.waiting_reason or EventReason.QUEUED, waiting)
+
+    def release_quota(self) -> bool:
+        """Give a stopped job's quota back, once every pod is gone; True when it does now."""
+        workload = self.seen.workload
+        if workload is None or not workload.quota_reserved or not self.cluster_gone():
+            return False
+        self.act(ReleaseQuota())
+        self.event("Normal", EventReason.QUOTA_RELEASED, "every pod is gone: quota given back")
+        return True
+
+    def drive(self) -> None:
+        self.leave_suspension()
         self.status.start_time = self.status.start_time or self.seen.now
         refused = self.seen.apply_error
         if refused is not None and refused.permanent:

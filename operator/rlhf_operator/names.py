@@ -74,6 +74,14 @@ def heartbeat_lease_name(job: RLHFJob) -> str:
     return job.metadata.name
 
 
+def workload_name(job: RLHFJob) -> str:
+    """The job's Kueue Workload, named as Kueue names its integrations' Workloads
+    (`<kind>-<name>-<hash of the owner>`), so two jobs of one name in time never share one."""
+    owner = f"RLHFJob\n{api.GROUP}\n{job.metadata.name}\n{job.metadata.uid or ''}"
+    digest = hashlib.sha1(owner.encode(), usedforsecurity=False).hexdigest()[:5]
+    return f"{short_name(f'rlhfjob-{job.metadata.name}', 247)}-{digest}"
+
+
 def job_labels(job: RLHFJob) -> dict[str, str]:
     return {**STANDARD_LABELS, LABEL_JOB: job.metadata.name}
 

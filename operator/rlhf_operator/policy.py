@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhf_operator.queueing import queue_name
 from rlhfjob.api import PodOverrides, RLHFJob
+from rlhfjob.contract.kueue import LABEL_QUEUE_NAME
 
 DEFAULT_VOLUME_TYPES = (
     "persistentVolumeClaim",
@@ -53,10 +55,19 @@ class JobPolicy:
     """ServiceAccounts a job may name; empty: only the per-job one the operator creates."""
     operator_namespace: str | None = None
     operator_service_account: str | None = None
+    kueue: bool = False
+    """Whether jobs may ask Kueue for admission (the operator runs with `--kueue`): a job with
+    a queue label where nothing would queue it must not run unqueued, past its team's quota."""
 
     def problems(self, job: RLHFJob) -> list[str]:
         """Each way the job breaks the policy, naming the field; empty when it keeps it."""
         found: list[str] = []
+        if not self.kueue and (queue := queue_name(job)) is not None:
+            found.append(
+                f"metadata.labels[{LABEL_QUEUE_NAME}]: {queue!r} asks Kueue to admit the job, "
+                "but this operator runs without the Kueue integration (the chart's "
+                "kueue.enabled); remove the label or enable it"
+            )
         volume = job.spec.checkpoint.volume
         if volume is not None:
             found += self._volume_problems("spec.checkpoint.volume", sorted(volume))

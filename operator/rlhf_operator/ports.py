@@ -89,6 +89,23 @@ class KubePort(Protocol):
         """Set (None: remove) one annotation of the Lease; a missing Lease is no error."""
         ...
 
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A queued job's Kueue Workload, or None."""
+        ...
+
+    async def patch_workload(
+        self, namespace: str, name: str, patch: dict[str, Any], *, status: bool = False
+    ) -> bool:
+        """Merge-patch the Workload (its status with `status`); False on a stale
+        resourceVersion or a missing Workload."""
+        ...
+
+    async def get_cluster_object(
+        self, group: str, version: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        """A cluster-scoped object (ResourceFlavor, priority classes), or None."""
+        ...
+
 
 class RayJobsPort(Protocol):
     """Ray's Job Submission API on one dashboard; raises `DashboardUnavailableError`."""

@@ -20,16 +20,20 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from rlhf_operator import builder, names
+from rlhf_operator import builder, names, queueing
 from rlhf_operator.lifecycle import (
     CLUSTER_READY,
     ApplyCluster,
+    ApplyWorkload,
     ClearStopRequest,
     DeleteCluster,
     DeleteJob,
     Event,
+    FinishWorkload,
     Plan,
+    ReleaseQuota,
     RequestStop,
+    SetWorkloadActive,
     StopRayJob,
     SubmitRayJob,
     decide,
@@ -61,7 +65,7 @@ from rlhf_operator.views import (
 from rlhfjob import contract
 from rlhfjob.api import Phase, RestartRecord, RLHFJob, RLHFJobStatus
 from rlhfjob.config import InvalidJobError, parse_job
-from rlhfjob.contract import FailureReason, PodEnv
+from rlhfjob.contract import FailureReason, PodEnv, kueue
 from rlhfjob.contract.lease import format_time
 
 log = logging.getLogger("rlhf_operator")
@@ -204,7 +208,15 @@ class Reconciler:
         pods: list[Any] = []
         # Ready, deleting and the dashboard come from the RayCluster alone.
         shell = cluster_view(job, cluster_body, [], now)
-        if shell is None:
+        queued = queueing.queue_name(job) is not None
+        workload_body = None
+        if shell is None and queued:
+            # Kueue's quota goes back only once no pod is left (a deleted cluster's pods linger).
+            pods, workload_body = await asyncio.gather(
+                self.kube.cluster_pods(namespace, name),
+                self.kube.get_workload(namespace, names.workload_name(job)),
+            )
+        elif shell is None:
             pass
         elif shell.ready and not shell.deleting and shell.dashboard:
             silent = self._silence(job, shell, now)
@@ -228,6 +240,8 @@ class Reconciler:
         drained: tuple[str, ...] = ()
         if ray_job is not None and ray_job.active and (on := trainer_nodes(pods)):
             drained = tuple(sorted(on & await self._cordoned_nodes()))
+        if queued and shell is not None:
+            workload_body = await self.kube.get_workload(namespace, names.workload_name(job))
         return Observed(
             job=job,
             now=now,
@@ -240,6 +254,8 @@ class Reconciler:
             scheduling_problem=problem,
             cluster_warning=warning,
             drained_nodes=drained,
+            workload=queueing.workload_view(workload_body),
+            pods_left=len(pods) if shell is None else 0,
         )
 
     async def _cordoned_nodes(self) -> frozenset[str]:
@@ -313,8 +329,23 @@ class Reconciler:
         for action in plan.actions:
             match action:
                 case ApplyCluster():
-                    if (refusal := await self._apply(job)) is not None:
+                    placement = await self._placement(seen.workload)
+                    if (refusal := await self._apply(job, placement)) is not None:
                         return replace(seen, apply_error=refusal)
+                case ApplyWorkload():
+                    if (refusal := await self._apply_workload(job)) is not None:
+                        return replace(seen, workload_error=refusal)
+                case SetWorkloadActive(active=active):
+                    await self.kube.patch_workload(
+                        namespace, names.workload_name(job), {"spec": {"active": active}}
+                    )
+                case ReleaseQuota() if (workload := seen.workload) is not None:
+                    log.info("%s/%s: every pod is gone, giving the quota back", namespace, name)
+                    patch = queueing.release_patch(workload, seen.now)
+                    await self.kube.patch_workload(namespace, workload.name, patch, status=True)
+                case FinishWorkload(succeeded=ok, message=message) if workload := seen.workload:
+                    patch = queueing.finish_patch(workload, ok, message, seen.now)
+                    await self.kube.patch_workload(namespace, workload.name, patch, status=True)
                 case DeleteCluster(reason=reason):
                     log.info("%s/%s: deleting RayCluster (%s)", namespace, name, reason)
                     await self.kube.delete_ray_cluster(namespace, names.ray_cluster_name(job))
@@ -349,14 +380,52 @@ class Reconciler:
             self.emit(body, event)
         return None
 
-    async def _apply(self, job: RLHFJob) -> ApplyRefusal | None:
+    async def _placement(
+        self, workload: queueing.WorkloadView | None
+    ) -> dict[str, queueing.PodSetPlacement] | None:
+        """Where Kueue's admission puts each group: its ResourceFlavors' node labels and
+        tolerations (read when the cluster is applied; a flavor is a handful of fields)."""
+        if workload is None:
+            return None
+        wanted = sorted({flavor for flavors in workload.flavors.values() for flavor in flavors})
+        bodies = await asyncio.gather(
+            *(
+                self.kube.get_cluster_object(
+                    kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, kueue.RESOURCE_FLAVORS, flavor
+                )
+                for flavor in wanted
+            )
+        )
+        return queueing.placement(
+            workload, {f: body for f, body in zip(wanted, bodies, strict=True) if body}
+        )
+
+    async def _apply_workload(self, job: RLHFJob) -> ApplyRefusal | None:
+        """Create the job's Workload (Kueue forbids changing its pod sets later), with the
+        priority its class gives; a missing class is a refusal the job shows and retries."""
+        priority = None
+        if (ref := queueing.priority_class(job)) is not None:
+            group, kind, name = ref
+            if group == kueue.KUEUE_GROUP:
+                where = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, kueue.WORKLOAD_PRIORITY_CLASSES)
+            else:
+                where = ("scheduling.k8s.io", "v1", "priorityclasses")
+            found = await self.kube.get_cluster_object(*where, name)
+            if found is None:
+                return ApplyRefusal(kind, name, 404, "NotFound", f"{kind} {name!r} does not exist")
+            priority = int(found.get("value", 0))
+        return await self._apply_one(job, builder.build_workload(job, priority), create_only=True)
+
+    async def _apply(
+        self, job: RLHFJob, placement: dict[str, queueing.PodSetPlacement] | None = None
+    ) -> ApplyRefusal | None:
         """Apply the job's objects, those that need nothing of each other at once: first what
         the RayCluster's pods need (ServiceAccount, Role, Secret, NetworkPolicy, ConfigMap) and
         the heartbeat Lease, then the RoleBinding (the API server checks the Role it binds), then
         the RayCluster. Returns the first refusal in the builder's order; after one, the later
         stages are not applied."""
         owned = builder.build_owned_objects(
-            job, self.ray_auth.token(job), self.policy.operator_namespace
+            job, self.ray_auth.token(job), self.policy.operator_namespace, placement
         )
         lease = builder.build_heartbeat_lease(job)
         later = ("RoleBinding", "RayCluster")

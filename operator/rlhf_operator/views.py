@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rlhf_operator import names
+from rlhf_operator.queueing import WorkloadView
 from rlhfjob.api import RLHFJob
 from rlhfjob.contract import DASHBOARD_ANNOTATION, LeaseReport
 from rlhfjob.contract import kuberay as ray
@@ -126,6 +127,14 @@ class Observed:
     nor the RayCluster, which is applied only after everything its pods need."""
     drained_nodes: tuple[str, ...] = ()
     """Cordoned nodes (a drain under way) that a trainer pod of the cluster runs on."""
+    workload: WorkloadView | None = None
+    """A queued job's Kueue Workload (None: not created yet, or the job is not queued)."""
+    workload_error: ApplyRefusal | None = None
+    """Set when this reconcile's create of the Workload was refused (or its priority class
+    is missing): the job is not in the queue."""
+    pods_left: int = 0
+    """Pods of the job's RayCluster still there while it has no cluster (a queued job gives
+    its quota back only once this is 0)."""
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from rlhf_operator.reconciler import Reconciler
 from rlhf_operator.views import RayJobView
 from rlhfjob import contract
 from rlhfjob.config import parse_job
-from rlhfjob.contract import LeaseReport
+from rlhfjob.contract import LeaseReport, kueue
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
@@ -75,6 +75,10 @@ class FakeKube:
         """Nodes marked unschedulable (a drain under way)."""
         self.calls: dict[str, int] = {}
         """Method name → how many times it was called (what the reconciler read)."""
+        self.workloads: dict[str, dict[str, Any]] = {}
+        """Kueue Workloads by name, as created and patched."""
+        self.cluster_objects: dict[tuple[str, str], dict[str, Any]] = {}
+        """(plural, name) → a cluster-scoped object (ResourceFlavor, priority classes)."""
 
     def _call(self, method: str) -> None:
         self.calls[method] = self.calls.get(method, 0) + 1
@@ -127,6 +131,10 @@ class FakeKube:
         if manifest["kind"] == "Lease":
             name = manifest["metadata"]["name"]
             self.leases.setdefault(name, V1Lease(metadata=V1ObjectMeta(name=name)))
+        if manifest["kind"] == "Workload":
+            name = manifest["metadata"]["name"]
+            created = {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": "1"}}
+            self.workloads.setdefault(name, created)
 
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         self._call("cluster_pods")
@@ -155,6 +163,31 @@ class FakeKube:
             else:
                 annotations[key] = value
             lease.metadata.annotations = annotations
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("get_workload")
+        found = self.workloads.get(name)
+        return merge_patch(found, {}) if found is not None else None
+
+    async def patch_workload(
+        self, namespace: str, name: str, patch: dict[str, Any], *, status: bool = False
+    ) -> bool:
+        self._call("patch_workload_status" if status else "patch_workload")
+        found = self.workloads.get(name)
+        wanted = patch.get("metadata", {}).get("resourceVersion")
+        if found is None or (wanted and wanted != found["metadata"]["resourceVersion"]):
+            return False
+        body = {k: v for k, v in patch.items() if k != "metadata"}
+        updated = merge_patch(found, body)
+        updated["metadata"]["resourceVersion"] = str(int(found["metadata"]["resourceVersion"]) + 1)
+        self.workloads[name] = updated
+        return True
+
+    async def get_cluster_object(
+        self, group: str, version: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        self._call("get_cluster_object")
+        return self.cluster_objects.get((plural, name))
 
     # -- what KubeRay, the stand-in and the trainer would do ---------------------------------
 
@@ -980,3 +1013,104 @@ def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
     assert contract.LEASE_STOP_REQUESTED_AT not in world.kube.leases[NAME].metadata.annotations
     assert world.status["phase"] == "Provisioning"
     assert world.status["restartCount"] == 0, "moving off a drained node is not a failure"
+
+
+# -- Kueue ------------------------------------------------------------------------------------
+
+
+def queued_world(**labels: str) -> World:
+    world = World(policy=JobPolicy(kueue=True))
+    world.kube.jobs[NAME]["metadata"]["labels"] = {kueue.LABEL_QUEUE_NAME: "team-a", **labels}
+    return world
+
+
+def kueue_conditions(*types: str, reason: str = "") -> list[dict[str, Any]]:
+    return [
+        {"type": t, "status": "True", "reason": reason or t, "message": f"{t} by Kueue",
+         "lastTransitionTime": T0.isoformat()}
+        for t in types
+    ]  # fmt: skip
+
+
+def admit(world: World, flavor: str = "gpu-a") -> str:
+    """Kueue: quota reserved and admitted, every pod set on `flavor`."""
+    name, workload = next(iter(world.kube.workloads.items()))
+    assignments = [
+        {"name": p["name"], "flavors": {"cpu": flavor}, "count": p["count"]}
+        for p in workload["spec"]["podSets"]
+    ]
+    workload["status"] = {
+        "conditions": kueue_conditions(kueue.QUOTA_RESERVED, kueue.ADMITTED),
+        "admission": {"clusterQueue": "gpus", "podSetAssignments": assignments},
+    }
+    return name
+
+
+def test_a_queued_job_waits_for_kueue_then_runs_where_the_flavor_says() -> None:
+    world = queued_world(**{kueue.LABEL_PRIORITY_CLASS: "high"})
+    world.kube.cluster_objects[(kueue.WORKLOAD_PRIORITY_CLASSES, "high")] = {"value": 1000}
+    world.kube.cluster_objects[(kueue.RESOURCE_FLAVORS, "gpu-a")] = {
+        "spec": {"nodeLabels": {"zone": "a"}, "tolerations": [{"key": "a", "operator": "Exists"}]}
+    }
+    world.reconcile(0)
+    assert [m["kind"] for m in world.kube.applied] == []  # no pod's object before admission
+    (workload,) = world.kube.workloads.values()
+    assert workload["spec"]["priority"] == 1000 and workload["spec"]["queueName"] == "team-a"
+    assert world.status["phase"] == "Pending"
+    world.reconcile(1)
+    assert NAME not in world.kube.clusters
+    admit(world)
+    world.reconcile(2)
+    cluster = world.kube.clusters[NAME]
+    for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        assert pod["nodeSelector"]["zone"] == "a"
+        assert {"key": "a", "operator": "Exists"} in pod["tolerations"]
+    assert world.condition("Admitted")["status"] == "True"
+    assert "Admitted" in world.reasons()
+
+
+def test_a_missing_priority_class_keeps_the_job_out_of_the_queue_and_says_so() -> None:
+    world = queued_world(**{kueue.LABEL_PRIORITY_CLASS: "missing"})
+    world.reconcile(0)
+    assert world.kube.workloads == {}
+    assert (
+        "WorkloadPriorityClass 'missing' does not exist" in world.condition("Admitted")["message"]
+    )
+    assert world.status["phase"] == "Pending"
+
+
+def test_a_preempted_job_gives_its_quota_back_only_after_its_pods_are_gone() -> None:
+    world = queued_world()
+    world.reconcile(0)
+    name = admit(world)
+    world.running()
+    workload = world.kube.workloads[name]
+    workload["status"]["conditions"] += kueue_conditions(kueue.EVICTED, reason="Preempted")
+    world.reconcile(10)  # no heartbeat: nobody to drain, the cluster goes at once
+    assert NAME not in world.kube.clusters and FIRST_ATTEMPT in world.ray.stopped
+    world.kube.pods[NAME] = world.kube.pods[NAME][:1]  # one pod still terminating
+    world.reconcile(11)
+    assert world.kube.calls.get("patch_workload_status", 0) == 0
+    world.kube.pods[NAME] = []
+    world.reconcile(12)
+    status = world.kube.workloads[name]["status"]
+    assert status.get("admission") is None
+    requeued = next(c for c in status["conditions"] if c["type"] == kueue.REQUEUED)
+    assert requeued["status"] == "True"
+    assert world.status["phase"] == "Pending" and world.status.get("restartCount", 0) == 0
+    assert "QuotaReleased" in world.reasons()
+
+
+def test_a_finished_queued_job_marks_its_workload_finished() -> None:
+    world = queued_world()
+    world.reconcile(0)
+    name = admit(world)
+    world.running()
+    world.ray.jobs[FIRST_ATTEMPT] = RayJobView(FIRST_ATTEMPT, "SUCCEEDED")
+    world.reconcile(5)
+    world.kube.pods[NAME] = []
+    world.reconcile(6)
+    finished = [c for c in world.kube.workloads[name]["status"]["conditions"]
+                if c["type"] == kueue.FINISHED]  # fmt: skip
+    assert finished and finished[0]["reason"] == "Succeeded"
