@@ -302,7 +302,7 @@ class _Planner:
         value: Literal["True", "False", "Unknown"] = (
             "Unknown" if ok is None else ("True" if ok else "False")
         )
-        existing = next((c for c in self.status.conditions if c.type == type_), None)
+        existing = self.current(type_)
         changed = existing is None or existing.status != value
         when = self.seen.now if changed or existing is None else existing.last_transition_time
         observed = self.observed_conditions.get(type_)
@@ -320,6 +320,10 @@ class _Planner:
         self.status.conditions = sorted([*others, updated], key=lambda c: c.type)
         return changed
 
+    def current(self, type_: str) -> Condition | None:
+        """The condition of that type as this plan has it so far, if any."""
+        return next((c for c in self.status.conditions if c.type == type_), None)
+
     def forget_condition(self, type_: str) -> None:
         """Drop a condition, so that the next `condition` of that type starts its own clock."""
         self.status.conditions = [c for c in self.status.conditions if c.type != type_]
@@ -331,7 +335,7 @@ class _Planner:
 
     def since(self, type_: str, status: str) -> datetime:
         """When condition `type_` took `status`; now when it does not have it (yet)."""
-        found = next((c for c in self.status.conditions if c.type == type_), None)
+        found = self.current(type_)
         if found is None or found.status != status or found.last_transition_time is None:
             return self.seen.now
         return found.last_transition_time
@@ -350,7 +354,7 @@ class _Planner:
         self.status.completion_time = self.status.completion_time or self.seen.now
         self.condition(COMPLETE if phase == Phase.SUCCEEDED else FAILED, True, reason, message)
         self.condition(TRAINER_RUNNING, False, reason)
-        if any(c.type == DEGRADED for c in self.status.conditions):
+        if self.current(DEGRADED) is not None:
             self.condition(DEGRADED, False, reason)
         if self.seen.ray_job and self.seen.ray_job.active:
             self.act(StopRayJob(self.seen.ray_job.submission_id))
@@ -367,7 +371,7 @@ class _Planner:
         beat = self.seen.heartbeat
         if beat is None or beat.attempt not in (None, self.status.restart_count):
             return None
-        drain = next((c for c in self.status.conditions if c.type == DRAINING), None)
+        drain = self.current(DRAINING)
         ended = drain.last_transition_time if drain and drain.status == "False" else None
         if ended is not None and beat.renewed <= ended:
             return None
@@ -470,7 +474,7 @@ class _Planner:
         """Why the job drains (the Draining condition's reason), while it does. A drain, once
         begun, ends with the cluster released even if its cause went away meanwhile (the
         trainer was asked to stop): the job then starts again from the drain's checkpoint."""
-        found = next((c for c in self.status.conditions if c.type == DRAINING), None)
+        found = self.current(DRAINING)
         return found.reason if found is not None and found.status == "True" else None
 
     def drain(self, cause: str, why: str = EventReason.DRAINING) -> bool:
@@ -810,7 +814,7 @@ class _Planner:
 
     def head_replaced(self, cluster: ClusterView) -> bool:
         """A head pod created after the trainer started running is a new, empty Ray cluster."""
-        running = next((c for c in self.status.conditions if c.type == TRAINER_RUNNING), None)
+        running = self.current(TRAINER_RUNNING)
         if running is None or running.status != "True" or running.last_transition_time is None:
             return False
         if cluster.head_created is None or cluster.head_created <= running.last_transition_time:
@@ -938,7 +942,7 @@ class _Planner:
                     EventReason.DEGRADED,
                     f"training goes on with fewer replicas: {shortfall}",
                 )
-        elif any(c.type == DEGRADED for c in self.status.conditions) and self.condition(
+        elif self.current(DEGRADED) is not None and self.condition(
             DEGRADED, False, EventReason.ALL_REPLICAS, "every role has all its replicas"
         ):
             self.event(
@@ -952,7 +956,7 @@ class _Planner:
         if beat is None:
             # No heartbeat yet: model loading may take a while, so allow the progress timeout
             # from when the driver started running.
-            running = next((c for c in self.status.conditions if c.type == TRAINER_RUNNING), None)
+            running = self.current(TRAINER_RUNNING)
             since = running.last_transition_time if running and running.status == "True" else None
             if since is None:
                 return False
@@ -1019,7 +1023,7 @@ class _Planner:
             return
         # The trainer's disk is the truth: any restart asks for the newest complete checkpoint,
         # even one the Lease never reported ("latest" starts from step 0 when there is none).
-        drained = any(c.type == DRAINING for c in self.status.conditions)
+        drained = self.current(DRAINING) is not None
         resume = self.status.last_checkpoint is not None or self.status.restart_count > 0 or drained
         if self.seen.heartbeat is not None and self.seen.heartbeat.stop_requested_at is not None:
             self.act(ClearStopRequest())  # an old drain's request: the new driver must not obey
