@@ -106,6 +106,13 @@ class ReleaseQuota:
 
 
 @dataclass(frozen=True)
+class SetPodsReady:
+    """Tell Kueue whether every group of the admitted job is ready (its `waitForPodsReady`)."""
+
+    ready: bool
+
+
+@dataclass(frozen=True)
 class FinishWorkload:
     """The job ended and its pods are gone: Kueue frees the quota for good."""
 
@@ -124,6 +131,7 @@ Action = (
     | ApplyWorkload
     | SetWorkloadActive
     | ReleaseQuota
+    | SetPodsReady
     | FinishWorkload
 )
 
@@ -608,10 +616,21 @@ class _Planner:
         assert workload is not None
         if workload.active == self.job.spec.suspend:
             self.act(SetWorkloadActive(not self.job.spec.suspend))
-        if workload.running_allowed and self.draining() != EventReason.PREEMPTED:
-            admitted = f"admitted by ClusterQueue {workload.cluster_queue}"
-            if self.condition(ADMITTED, True, EventReason.ADMITTED, admitted):
-                self.event("Normal", EventReason.ADMITTED, admitted)
+        if not workload.running_allowed or self.job.spec.suspend or self.draining():
+            return
+        admitted = f"admitted by ClusterQueue {workload.cluster_queue}"
+        if self.condition(ADMITTED, True, EventReason.ADMITTED, admitted):
+            self.event("Normal", EventReason.ADMITTED, admitted)
+        cluster = self.seen.cluster
+        ready = (
+            cluster is not None
+            and cluster.ready
+            and not cluster.deleting
+            and cluster.head_not_ready_since is None
+            and not self.roles_below_minimum()
+        )
+        if workload.pods_ready != ready:
+            self.act(SetPodsReady(ready))
 
     def wait_for_admission(self) -> None:
         """Not admitted (yet, or any more): no cluster may run. An evicted job (a preemption)

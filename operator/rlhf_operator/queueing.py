@@ -119,6 +119,9 @@ class WorkloadView:
     admitted: bool
     """`Admitted` True: quota reserved and every admission check passed; the job may run."""
     finished: bool
+    pods_ready: bool | None = None
+    """`PodsReady` as the operator last wrote it (None: never): Kueue's `waitForPodsReady`
+    evicts an admitted Workload that does not report its pods ready in time."""
     waiting_reason: str = ""
     """`QuotaReserved`'s reason while not reserved (Pending, Inadmissible, ...)."""
     waiting_message: str = ""
@@ -171,6 +174,11 @@ def workload_view(body: dict[str, Any] | None) -> WorkloadView | None:
         quota_reserved=reserved,
         admitted=reserved and _is_true(conditions, kueue.ADMITTED),
         finished=_is_true(conditions, kueue.FINISHED),
+        pods_ready=(
+            None
+            if (ready := _condition(conditions, kueue.PODS_READY)) is None
+            else ready.get("status") == "True"
+        ),
         waiting_reason=str(waiting.get("reason", "")) if waiting else "",
         waiting_message=str(waiting.get("message", "")) if waiting else "",
         cluster_queue=admission.get("clusterQueue"),
@@ -263,6 +271,32 @@ def finish_patch(
     conditions = [dict(c) for c in workload.conditions]
     reason = "Succeeded" if succeeded else "Failed"
     _set_condition(conditions, kueue.FINISHED, "True", reason, message, now, generation)
+    return {
+        "metadata": {"resourceVersion": workload.resource_version},
+        "status": {"conditions": conditions},
+    }
+
+
+def pods_ready_patch(
+    workload: WorkloadView, ready: bool, now: datetime, generation: int | None = None
+) -> dict[str, Any]:
+    """The status merge patch of `PodsReady`, in the words of Kueue's own job controllers:
+    Started (or Recovered) once every group is ready, WaitForStart before that, WaitForRecovery
+    while the recovery ladder rebuilds a group."""
+    conditions = [dict(c) for c in workload.conditions]
+    was_ready = _condition(conditions, kueue.PODS_READY)
+    ever = was_ready is not None and was_ready.get("reason") in (
+        "Started",
+        "Recovered",
+        "WaitForRecovery",
+    )
+    if ready:
+        reason, message = ("Recovered" if ever else "Started"), "All pods reached readiness"
+    else:
+        reason = "WaitForRecovery" if ever else "WaitForStart"
+        message = "Not all pods are ready"
+    status = "True" if ready else "False"
+    _set_condition(conditions, kueue.PODS_READY, status, reason, message, now, generation)
     return {
         "metadata": {"resourceVersion": workload.resource_version},
         "status": {"conditions": conditions},

@@ -33,6 +33,7 @@ from rlhf_operator.lifecycle import (
     Plan,
     ReleaseQuota,
     RequestStop,
+    SetPodsReady,
     SetWorkloadActive,
     StopRayJob,
     SubmitRayJob,
@@ -342,6 +343,9 @@ class Reconciler:
                 case ReleaseQuota() if (workload := seen.workload) is not None:
                     log.info("%s/%s: every pod is gone, giving the quota back", namespace, name)
                     patch = queueing.release_patch(workload, seen.now)
+                    await self.kube.patch_workload(namespace, workload.name, patch, status=True)
+                case SetPodsReady(ready=ready) if (workload := seen.workload) is not None:
+                    patch = queueing.pods_ready_patch(workload, ready, seen.now)
                     await self.kube.patch_workload(namespace, workload.name, patch, status=True)
                 case FinishWorkload(succeeded=ok, message=message) if workload := seen.workload:
                     patch = queueing.finish_patch(workload, ok, message, seen.now)

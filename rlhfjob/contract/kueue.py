@@ -36,6 +36,7 @@ EVICTED = "Evicted"
 PREEMPTED = "Preempted"
 REQUEUED = "Requeued"
 FINISHED = "Finished"
+PODS_READY = "PodsReady"
 REQUEUED_EVICTIONS = frozenset({"Preempted", "NodeFailures"})
 """Eviction reasons after which the job controller puts the Workload back in its queue (the
 others, e.g. Deactivated for a suspended job, wait for their cause to go away)."""

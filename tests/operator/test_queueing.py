@@ -18,6 +18,7 @@ from rlhf_operator.lifecycle import (
     FinishWorkload,
     ReleaseQuota,
     RequestStop,
+    SetPodsReady,
     SetWorkloadActive,
     StopRayJob,
     SubmitRayJob,
@@ -307,7 +308,7 @@ def test_a_refused_workload_is_shown_and_retried_or_fails_the_job() -> None:
 
 def test_admission_creates_the_cluster_and_says_who_admitted_it() -> None:
     plan = decide(Observed(job=queued_job(), now=at(2), created=at(0), workload=ADMITTED))
-    assert kinds(plan) == [ApplyCluster]
+    assert plan.actions == [ApplyCluster(), SetPodsReady(False)]  # for Kueue's waitForPodsReady
     assert plan.status.phase == Phase.PROVISIONING
     admitted = job_condition(plan, "Admitted")
     assert admitted.status == "True" and "gpus" in admitted.message
@@ -346,12 +347,16 @@ def test_a_readmitted_job_resumes_the_same_attempt_from_the_drains_checkpoint() 
     drained = condition("Draining", "False", "Drained", "evicted by Kueue: the trainer stopped")
     status = {"phase": "Pending", "startTime": T0.isoformat(), "currentStep": 13,
               "lastCheckpoint": {"step": 13, "path": "/c/13"}, "conditions": [drained]}  # fmt: skip
-    plan = decide(Observed(job=queued_job(status), now=at(100), created=at(0), workload=ADMITTED))
+    waiting = replace(ADMITTED, pods_ready=False)
+    plan = decide(Observed(job=queued_job(status), now=at(100), created=at(0), workload=waiting))
     assert kinds(plan) == [ApplyCluster]
     status = plan.status.model_dump(by_alias=True, mode="json", exclude_none=True)
     ready = decide(Observed(job=queued_job(status), now=at(110), created=at(0),
-                            cluster=cluster(), workload=ADMITTED))  # fmt: skip
-    assert ready.actions == [SubmitRayJob(submission_id="job-12345678-0", resume=True)]
+                            cluster=cluster(), workload=waiting))  # fmt: skip
+    assert ready.actions == [
+        SubmitRayJob(submission_id="job-12345678-0", resume=True),
+        SetPodsReady(True),
+    ]
 
 
 def test_a_workload_that_loses_its_admission_takes_the_cluster_down() -> None:
@@ -395,3 +400,20 @@ def test_a_finished_job_finishes_its_workload_once_its_pods_are_gone() -> None:
     assert ADMITTED is not None
     finished = replace(ADMITTED, finished=True)
     assert decide(Observed(job=job, now=at(8), created=at(0), workload=finished)).actions == []
+
+
+def test_pods_ready_reads_as_kueues_job_controllers_write_it() -> None:
+    assert ADMITTED is not None
+    started = queueing.pods_ready_patch(ADMITTED, True, at(5))["status"]["conditions"]
+    ready = next(c for c in started if c["type"] == kueue.PODS_READY)
+    assert (ready["status"], ready["reason"]) == ("True", "Started")
+    after = replace(ADMITTED, conditions=tuple(started))
+    lost = queueing.pods_ready_patch(after, False, at(9))["status"]["conditions"]
+    assert next(c for c in lost if c["type"] == kueue.PODS_READY)["reason"] == "WaitForRecovery"
+    again = queueing.pods_ready_patch(replace(after, conditions=tuple(lost)), True, at(20))
+    back = next(c for c in again["status"]["conditions"] if c["type"] == kueue.PODS_READY)
+    assert back["reason"] == "Recovered"
+    assert (
+        queueing.workload_view({**workload_body(), "status": {"conditions": lost}}).pods_ready
+        is False
+    )  # type: ignore[union-attr]
