@@ -58,7 +58,7 @@ def _partitioned_loading_process(directory: str, results: Any) -> None:
     """A one-rank gloo group: load `directory` under ZeRO-3 and under ZeRO-2, report what came."""
     import deepspeed
 
-    from rlhf_trainer.zero import deepspeed_config
+    from rlhf_trainer.zero import deepspeed_config, skip_unused_deepspeed_builds
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,6 +66,7 @@ def _partitioned_loading_process(directory: str, results: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
     )
+    skip_unused_deepspeed_builds(on_gpu=False)
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     spec = load_job(EXAMPLE).spec
     saved = dict(AutoModelForCausalLM.from_pretrained(directory).named_parameters())
@@ -98,6 +99,35 @@ def _partitioned_loading_process(directory: str, results: Any) -> None:
             "ordinary_after": ordinary_after,
             "below_zero3": below_zero3,
             "random_whole": not any(hasattr(p, "ds_id") for p in random.parameters()),
+        }
+    )
+
+
+def _init_distributed_process(extensions: str, results: Any) -> None:
+    """A one-rank gloo group joined the way the trainer ranks join theirs; reports whether
+    DeepSpeed built or loaded its CPU shared-memory op (a JIT build of minutes on a cold
+    machine) into the torch extensions directory `extensions`."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions
+    import deepspeed
+    import deepspeed.comm.comm as ds_comm
+
+    from rlhf_trainer.zero import skip_unused_deepspeed_builds
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
+    skip_unused_deepspeed_builds(on_gpu=False)
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    group = torch.ones(2)
+    torch.distributed.all_reduce(group)
+    results.put(
+        {
+            "shm_op": ds_comm.cdb.shm_comm_op is not None,
+            "built": sorted(str(p.relative_to(extensions)) for p in Path(extensions).rglob("*")),
+            "all_reduce": group.tolist(),
         }
     )
 
@@ -136,3 +166,12 @@ def test_a_saved_checkpoint_loads_partitioned_under_zero3(tmp_path: Path) -> Non
         "below_zero3": True,
         "random_whole": True,
     }
+
+
+@pytest.mark.slow
+def test_the_ranks_process_group_builds_no_deepspeed_extension(tmp_path: Path) -> None:
+    """DeepSpeed's CPU shared-memory allreduce is never used by the ranks (gloo is), so its JIT
+    build (80 s to minutes on two busy cores) must not run when a rank joins its group."""
+    pytest.importorskip("deepspeed")
+    outcome = _in_a_process(_init_distributed_process, str(tmp_path / "extensions"))
+    assert outcome == {"shm_op": False, "built": [], "all_reduce": [1.0, 1.0]}

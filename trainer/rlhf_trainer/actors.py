@@ -38,7 +38,12 @@ from rlhf_trainer.colocated import ColocatedEngine
 from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
 from rlhf_trainer.rollout import Completion, SamplingParams
 from rlhf_trainer.topology import role_ranks, rollout_rows
-from rlhf_trainer.zero import deepspeed_config, lr_multiplier, zero_stage
+from rlhf_trainer.zero import (
+    deepspeed_config,
+    lr_multiplier,
+    skip_unused_deepspeed_builds,
+    zero_stage,
+)
 from rlhfjob.api import RLHFJobSpec, RoleSpec, ray_resource
 
 logger = logging.getLogger(__name__)
@@ -100,6 +105,7 @@ class ZeroWorker:
         )
         if self.on_gpu:
             torch.cuda.set_device(0)
+        skip_unused_deepspeed_builds(self.on_gpu)
         deepspeed.init_distributed(
             dist_backend="nccl" if self.on_gpu else "gloo",
             auto_mpi_discovery=False,

@@ -9,9 +9,10 @@ CPU notes (the same code runs on GPUs):
 * The optimizer is a client `torch.optim.AdamW` (`zero_allow_untested_optimizer`). DeepSpeed's
   own "AdamW" compiles a C++ extension (its CPU fused Adam) on first use, which takes minutes on
   a small machine; torch's AdamW computes the same update. On GPUs torch uses its fused kernel.
-* On the CPU DeepSpeed also JIT-compiles a small shared-memory allreduce extension the first time
-  it starts (a few minutes on two busy cores; cached in ~/.cache/torch_extensions afterwards).
-  It is only used when `LOCAL_SIZE` is set, which the actors never set, so gloo does the work.
+* On the CPU DeepSpeed would also JIT-compile a small shared-memory allreduce extension the first
+  time it starts (80 s to a few minutes on two busy cores, once per machine). It is only used
+  when `LOCAL_SIZE` is set, which the actors never set, so gloo does the work:
+  `skip_unused_deepspeed_builds` turns the build off.
 * Parameters of any size are sharded on the CPU (`stage3_param_persistence_threshold: 0`):
   DeepSpeed otherwise keeps tensors under 100k elements whole on every rank, which for the tiny
   test models is all of them, and ZeRO-3's gather paths would never run.
@@ -31,6 +32,18 @@ ONE_GPU_STAGE = 2
 """ZeRO stage of a one-GPU trainer: partitioning buys nothing there, and on one H200 the 1.5B
 update ran at 1.05x a plain PyTorch step with ZeRO-2 against 0.54x with ZeRO-3
 (`benchmarks/results/gpu-colocated.json`, `update`)."""
+
+
+def skip_unused_deepspeed_builds(on_gpu: bool) -> None:
+    """On the CPU, keep DeepSpeed from building its shared-memory allreduce extension (see
+    above); call before `init_distributed`. Marked incompatible, it is neither compiled nor
+    loaded, and gloo does every collective. GPUs have no such extension to skip."""
+    if on_gpu:
+        return
+    import deepspeed.ops
+
+    # Probed once per process; DeepSpeed keeps edits to the one dict it caches.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def zero_stage(world_size: int, on_gpu: bool) -> int:
