@@ -104,14 +104,17 @@ def _partitioned_loading_process(directory: str, results: Any) -> None:
 
 
 def _init_distributed_process(extensions: str, results: Any) -> None:
-    """A one-rank gloo group joined the way the trainer ranks join theirs; reports whether
-    DeepSpeed built or loaded its CPU shared-memory op (a JIT build of minutes on a cold
-    machine) into the torch extensions directory `extensions`."""
+    """A one-rank gloo group joined the way the trainer ranks join theirs, and a ZeRO-3 engine
+    with their optimizer; reports whether DeepSpeed built or loaded its CPU shared-memory op (a
+    JIT build of minutes on a cold machine) into the torch extensions directory `extensions`,
+    and whether Muon's `torch.compile` set-up (inductor) was imported."""
+    import sys
+
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions
     import deepspeed
     import deepspeed.comm.comm as ds_comm
 
-    from rlhf_trainer.zero import skip_unused_deepspeed_builds
+    from rlhf_trainer.zero import deepspeed_config, skip_unused_deepspeed_builds
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -123,11 +126,21 @@ def _init_distributed_process(extensions: str, results: Any) -> None:
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     group = torch.ones(2)
     torch.distributed.all_reduce(group)
+    model = torch.nn.Linear(4, 2)
+    config = deepspeed_config(
+        load_job(EXAMPLE).spec.algorithm, accumulation_steps=1, bf16=False, on_gpu=False
+    )
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config
+    )
+    engine.backward(engine(torch.ones(3, 4)).sum())
+    engine.step()
     results.put(
         {
             "shm_op": ds_comm.cdb.shm_comm_op is not None,
             "built": sorted(str(p.relative_to(extensions)) for p in Path(extensions).rglob("*")),
             "all_reduce": group.tolist(),
+            "inductor": "torch._inductor.compile_fx" in sys.modules,
         }
     )
 
@@ -169,9 +182,10 @@ def test_a_saved_checkpoint_loads_partitioned_under_zero3(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_the_ranks_process_group_builds_no_deepspeed_extension(tmp_path: Path) -> None:
+def test_a_rank_builds_no_unused_deepspeed_extension_nor_muon_kernels(tmp_path: Path) -> None:
     """DeepSpeed's CPU shared-memory allreduce is never used by the ranks (gloo is), so its JIT
-    build (80 s to minutes on two busy cores) must not run when a rank joins its group."""
+    build (80 s to minutes on two busy cores) must not run when a rank joins its group; nor is
+    Muon's torch.compile set-up imported for an optimizer that is AdamW."""
     pytest.importorskip("deepspeed")
     outcome = _in_a_process(_init_distributed_process, str(tmp_path / "extensions"))
-    assert outcome == {"shm_op": False, "built": [], "all_reduce": [1.0, 1.0]}
+    assert outcome == {"shm_op": False, "built": [], "all_reduce": [1.0, 1.0], "inductor": False}

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,16 +36,33 @@ update ran at 1.05x a plain PyTorch step with ZeRO-2 against 0.54x with ZeRO-3
 (`benchmarks/results/gpu-colocated.json`, `update`)."""
 
 
-def skip_unused_deepspeed_builds(on_gpu: bool) -> None:
-    """On the CPU, keep DeepSpeed from building its shared-memory allreduce extension (see
-    above); call before `init_distributed`. Marked incompatible, it is neither compiled nor
-    loaded, and gloo does every collective. GPUs have no such extension to skip."""
-    if on_gpu:
-        return
-    import deepspeed.ops
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+"""DeepSpeed's Muon optimizer: every ZeRO optimizer imports it to ask whether it is in use."""
 
-    # Probed once per process; DeepSpeed keeps edits to the one dict it caches.
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+class _UnusedMuon:
+    """Stands in for DeepSpeed's `MuonWithAuxAdam`: the ranks' optimizer is never one."""
+
+
+def skip_unused_deepspeed_builds(on_gpu: bool) -> None:
+    """Keep DeepSpeed from building what the ranks never use; call before `init_distributed`.
+
+    * On the CPU, the shared-memory allreduce extension (see above): marked incompatible, it is
+      neither compiled nor loaded, and gloo does every collective. GPUs have none to skip.
+    * The Muon optimizer's module: ZeRO's optimizers import it only for an `isinstance` check,
+      and importing it sets up `torch.compile` for its kernels (inductor's modules: 1.6 s of CPU
+      per rank with bytecode cached, 3 s without). The ranks use torch's AdamW, so a stand-in
+      module answers the check instead (unless a process already imported the real one).
+    """
+    if MUON_MODULE not in sys.modules:
+        stand_in = types.ModuleType(MUON_MODULE, "Muon is not used here (rlhf_trainer.zero)")
+        stand_in.MuonWithAuxAdam = _UnusedMuon  # type: ignore[attr-defined]
+        sys.modules[MUON_MODULE] = stand_in
+    if not on_gpu:
+        import deepspeed.ops
+
+        # Probed once per process; DeepSpeed keeps edits to the one dict it caches.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def zero_stage(world_size: int, on_gpu: bool) -> int:
