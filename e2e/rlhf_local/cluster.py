@@ -16,9 +16,9 @@ Public API (also used by ``rlhfjob local up|down``)::
     healthy(name) -> bool
         Whether one component answers its health check now.
     restart(name, *, timeout=120.0, echo=True) -> float
-        Stop one component of a running cluster (etcd or kube-apiserver) and start it again
-        in place: same data, ports, certificates and flags; wait until it, and the API server
-        when it is etcd, are healthy again. `stopped(name)` is the same as a context manager
+        Stop one component of a running cluster (etcd, kube-apiserver or kueue) and start it
+        again in place: same data, ports, certificates and flags; wait until it, and the API
+        server when it is etcd, are healthy again. `stopped(name)` is the same as a context manager
         (down for the body), built on `stop_component` and `start_component`.
 
 Processes run detached, in their own sessions, with output in ``<local dir>/logs/<name>.log``;
@@ -59,6 +59,7 @@ COMPONENTS = (
     "kube-scheduler",
     "kwok",
     "kuberay-operator",
+    "kueue",
     "standin-ray",
 )
 PORT_NAMES = (
@@ -70,10 +71,27 @@ PORT_NAMES = (
     "kwok",
     "kuberay-metrics",
     "kuberay-probe",
+    "kueue-webhook",
+    "kueue-probe",
 )
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 FIELD_MANAGER = "rlhf-local"
+KUEUE_GROUP = "kueue.x-k8s.io"
+#: The Secret Kueue's certificate rotator reads (its configuration's default name); `up`
+#: creates it from `pki.ensure_kueue_pki`'s files, the rotator finds them valid and keeps them.
+KUEUE_SECRET = "kueue-webhook-server-cert"
+#: The CRDs Kueue serves conversions for (its kustomize `webhook_in_*` patches). The rotator
+#: injects its CA into each and does not start while one lacks a webhook clientConfig.
+KUEUE_CONVERSION_CRDS = frozenset(
+    f"{plural}.{KUEUE_GROUP}"
+    for plural in ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+)
+#: The webhook configurations' names the rotator injects its CA into.
+KUEUE_WEBHOOK_CONFIGS = {
+    "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
+    "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
+}
 
 
 def _echo(enabled: bool, msg: str) -> None:
@@ -95,6 +113,10 @@ class Layout:
         self.state = root / "cluster.json"
         self.bin = root / "bin"
         self.kubeconfig = kubeconfig_path()
+        self.kueue_pki = self.pki / "kueue"
+        #: Kueue's webhook.certDir: tls.crt and tls.key, as a mounted Secret would hold them.
+        self.kueue_certs = root / "kueue-certs"
+        self.kueue_config = root / "kueue-config.yaml"
 
     def log(self, name: str) -> Path:
         return self.logs / f"{name}.log"
@@ -159,12 +181,21 @@ def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
 
 
 def _load_ports(lay: Layout) -> dict[str, int]:
-    """Ports chosen at the first `up` of this state dir, reused so kubeconfigs stay valid."""
-    with contextlib.suppress(OSError, ValueError):
-        ports = json.loads(lay.state.read_text())["ports"]
-        if set(PORT_NAMES) <= set(ports):
-            return {k: int(v) for k, v in ports.items()}
-    ports = _free_ports(PORT_NAMES)
+    """Ports chosen at the first `up` of this state dir, reused so kubeconfigs stay valid.
+
+    A name added since (a new component) gets a free port of its own; the others keep theirs.
+    """
+    ports: dict[str, int] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        ports = {k: int(v) for k, v in json.loads(lay.state.read_text())["ports"].items()}
+    missing = tuple(n for n in PORT_NAMES if n not in ports)
+    if not missing:
+        return ports
+    while True:
+        new = _free_ports(missing)
+        if not set(new.values()) & set(ports.values()):
+            break
+    ports.update(new)
     lay.state.write_text(json.dumps({"ports": ports}, indent=2) + "\n")
     return ports
 
@@ -304,6 +335,14 @@ def _argv(
             f"--health-probe-bind-address=127.0.0.1:{ports['kuberay-probe']}",
             "--log-stdout-encoder=console",
         ]
+    if name == "kueue":
+        return [
+            str(bins.kueue),
+            f"--config={lay.kueue_config}",
+            f"--kubeconfig={admin}",
+            "--zap-encoder=console",
+            "--zap-log-level=info",
+        ]
     if name == "standin-ray":
         return [
             sys.executable,
@@ -363,6 +402,8 @@ def _health_checks(lay: Layout, ports: dict[str, int]) -> dict[str, Callable[[],
         ),
         "kwok": ok(f"http://127.0.0.1:{ports['kwok']}/healthz"),
         "kuberay-operator": ok(f"http://127.0.0.1:{ports['kuberay-probe']}/readyz"),
+        # Ready once its certificates are in place and its webhook server listens.
+        "kueue": ok(f"http://127.0.0.1:{ports['kueue-probe']}/readyz"),
         "standin-ray": lambda: (lay.standin / "ready").exists(),
     }
 
@@ -391,19 +432,123 @@ def _apply_server_side(files: list[Path] | None = None, stdin: str | None = None
         kubectl(*args, "-f", "-", stdin=stdin)
 
 
-def _install_crds(bins: Binaries, echo: bool) -> None:
-    """KubeRay's CRDs and every CRD in the repo's crds/ (all server-side: they are large).
+def _install_crds(bins: Binaries, lay: Layout, ports: dict[str, int], echo: bool) -> None:
+    """KubeRay's and Kueue's CRDs and every CRD in the repo's crds/ (all server-side: large).
 
     A repo CRD the API server rejects is reported but does not stop `up`: the cluster is
     still useful, and the tests of that CRD fail with the API server's reason.
     """
     _apply_server_side(list(bins.kuberay_crds))
+    _apply_server_side(stdin=_json_stream(kueue_crds(bins, lay, ports)))
     for crd in sorted((REPO_ROOT / "crds").glob("*.yaml")):
         try:
             _apply_server_side([crd])
         except RuntimeError as err:
             _echo(True, f"WARNING: the API server rejected {crd.name}: {err}")
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+
+def _json_stream(docs: list[dict[str, Any]]) -> str:
+    """Manifests as one YAML stream of JSON documents (much faster to write than YAML)."""
+    return "\n---\n".join(json.dumps(d) for d in docs)
+
+
+def _load_yaml(path: Path) -> list[dict[str, Any]]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the workloads CRD is 1.4 MB
+    return [d for d in yaml.load_all(path.read_text(), Loader=loader) if d]
+
+
+def _kueue_url(ports: dict[str, int], path: str) -> str:
+    return f"https://127.0.0.1:{ports['kueue-webhook']}{path}"
+
+
+def kueue_crds(bins: Binaries, lay: Layout, ports: dict[str, int]) -> list[dict[str, Any]]:
+    """Kueue's CRDs; the five with several schemas convert through Kueue's /convert on
+    127.0.0.1, trusting Kueue's CA (what its kustomize patches and cert rotator set up)."""
+    ca = _b64(lay.kueue_pki / "ca.crt")
+    crds = [doc for path in bins.kueue_crds for doc in _load_yaml(path)]
+    for crd in crds:
+        if crd["metadata"]["name"] in KUEUE_CONVERSION_CRDS:
+            crd["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": {"url": _kueue_url(ports, "/convert"), "caBundle": ca},
+                    "conversionReviewVersions": ["v1"],
+                },
+            }
+    return crds
+
+
+def kueue_webhooks(bins: Binaries, lay: Layout, ports: dict[str, int]) -> list[dict[str, Any]]:
+    """Kueue's webhook configurations, only the kueue.x-k8s.io webhooks (Workloads,
+    ClusterQueues, ResourceFlavors, Cohorts), called at 127.0.0.1 instead of a Service.
+
+    The frameworks' webhooks (batch Jobs, Pods, RayClusters...) stay out: a Job or Pod of
+    another test never waits on Kueue, and `up` needs no Kueue before it creates anything.
+    """
+    ca = _b64(lay.kueue_pki / "ca.crt")
+    out = []
+    for config in _load_yaml(bins.kueue_webhooks):
+        hooks = []
+        for hook in config["webhooks"]:
+            if any(set(rule["apiGroups"]) != {KUEUE_GROUP} for rule in hook["rules"]):
+                continue
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": _kueue_url(ports, path), "caBundle": ca}
+            hooks.append(hook)
+        name = KUEUE_WEBHOOK_CONFIGS[config["kind"]]
+        out.append({**config, "metadata": {"name": name}, "webhooks": hooks})
+    return out
+
+
+def kueue_config(lay: Layout, ports: dict[str, int]) -> dict[str, Any]:
+    """Kueue's Configuration: one replica, loopback only, batch/job the one integration."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": pki.KUEUE_NAMESPACE,
+        "leaderElection": {"leaderElect": False},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['kueue-probe']}"},
+        # "0": no metrics server (Kueue's is TLS with token reviews, nothing here scrapes it).
+        "metrics": {"bindAddress": "0"},
+        "webhook": {
+            "host": "127.0.0.1",
+            "port": ports["kueue-webhook"],
+            "certDir": str(lay.kueue_certs),
+        },
+        # On (the default): off makes Kueue load metrics certificates from a fixed /etc path.
+        "internalCertManagement": {"enable": True},
+        "manageJobsWithoutQueueName": False,
+        # Only Jobs with a queue-name label are Kueue's; the operator owns RLHFJob Workloads.
+        "integrations": {"frameworks": ["batch/job"]},
+        # VisibilityOnDemand would start an aggregated API server on a fixed port (8082).
+        "featureGates": {"VisibilityOnDemand": False},
+    }
+
+
+def _install_kueue(bins: Binaries, lay: Layout, ports: dict[str, int]) -> None:
+    """Everything Kueue needs before it starts (its CRDs come with `_install_crds`): the
+    namespace, the certificate Secret and files, the webhook configurations, the config file.
+    The certificates are `pki.ensure_kueue_pki`'s (made before the CRDs, which carry the CA)."""
+    lay.kueue_certs.mkdir(exist_ok=True)
+    for name in ("tls.crt", "tls.key"):
+        data = (lay.kueue_pki / name).read_bytes()
+        target = lay.kueue_certs / name
+        if not target.exists() or target.read_bytes() != data:
+            tmp = target.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.chmod(0o600)
+            tmp.replace(target)
+    lay.kueue_config.write_text(yaml.safe_dump(kueue_config(lay, ports), sort_keys=False))
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pki.KUEUE_NAMESPACE}}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": KUEUE_SECRET, "namespace": pki.KUEUE_NAMESPACE},
+        "type": "Opaque",
+        "data": {name: _b64(lay.kueue_pki / name) for name in pki.KUEUE_FILES},
+    }
+    _apply_server_side(stdin=_json_stream([namespace, secret, *kueue_webhooks(bins, lay, ports)]))
 
 
 def _nodes_ready() -> bool:
@@ -484,7 +629,9 @@ def up(*, timeout: float = 600.0, echo: bool = True) -> Path:
         _start_missing(core[1:2], bins, lay, ports, kcfg, echo)
         _wait_healthy(core[1:2], checks, lay, timeout)
         _start_missing(core[2:], bins, lay, ports, kcfg, echo)
-        _install_crds(bins, echo)
+        pki.ensure_kueue_pki(lay.kueue_pki)
+        _install_crds(bins, lay, ports, echo)
+        _install_kueue(bins, lay, ports)
         _apply_server_side(stdin=yaml.safe_dump_all(pools.node_manifests()))
         _start_missing(COMPONENTS[5:], bins, lay, ports, kcfg, echo)
         _wait_healthy(COMPONENTS[2:], checks, lay, timeout)
@@ -524,6 +671,7 @@ def is_running() -> bool:
 RESTARTABLE: dict[str, tuple[str, ...]] = {
     "etcd": ("etcd", "kube-apiserver"),
     "kube-apiserver": ("kube-apiserver",),
+    "kueue": ("kueue",),
 }
 
 
@@ -604,7 +752,7 @@ def _orphans(lay: Layout) -> list[int]:
     for pid in procs.find_by_cmdline(str(lay.root)):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         exe = cmdline[0].decode(errors="replace")
-        if exe.endswith(("/kube", "/ray-operator")) or b"rlhf_local.standin" in cmdline:
+        if exe.endswith(("/kube", "/ray-operator", "/kueue")) or b"rlhf_local.standin" in cmdline:
             found.add(pid)
     return sorted(found)
 
