@@ -164,31 +164,40 @@ class RayNode:
     def kill(self, grace: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after `grace` (0: at once, as a lost node dies); then every
         process the node started that left its group, since in a pod they die with it."""
-        for sig in (signal.SIGTERM, signal.SIGKILL) if grace > 0 else (signal.SIGKILL,):
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + grace
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if not self.alive():
-                break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        # Ray's job manager starts each driver in a session of its own: find them by the
-        # marker every process of this node inherits.
-        for pid in _processes_with(POD_MARKER, self.pod_uid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_nodes([self], grace)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
+def kill_nodes(nodes: list[RayNode], grace: float = 5.0) -> None:
+    """`RayNode.kill` for several nodes at once: they share one `grace` period (a cluster's
+    teardown waits for its slowest node, not for the sum of them), then one sweep for the
+    processes that left their groups."""
+    if grace > 0:
+        for node in nodes:
+            _signal_group(node.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while any(node.alive() for node in nodes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    for node in nodes:
+        _signal_group(node.pid, signal.SIGKILL)
+    # Ray's job manager starts each driver in a session of its own: find them by the
+    # marker every process of these nodes inherits.
+    for pid in _processes_with(POD_MARKER, {node.pod_uid for node in nodes}):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 POD_MARKER = "RLHF_STANDIN_POD_UID"
 """Set in every Ray node's environment (the pod's uid), so all its processes can be found."""
 
 
-def _processes_with(name: str, value: str) -> list[int]:
-    wanted = f"{name}={value}".encode()
+def _processes_with(name: str, values: set[str]) -> list[int]:
+    """Processes whose environment sets `name` to one of `values`."""
+    wanted = {f"{name}={value}".encode() for value in values}
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -197,7 +206,7 @@ def _processes_with(name: str, value: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if wanted in environ.split(b"\0"):
+        if wanted.intersection(environ.split(b"\0")):
             found.append(int(entry.name))
     return found
 
@@ -236,6 +245,12 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _start_order(pod: Any) -> tuple[bool, str]:
+    """Trainer pods before the others, then by name."""
+    group = (pod.metadata.labels or {}).get("ray.io/group", "")
+    return (group != "trainer", str(pod.metadata.name))
 
 
 def _pod_ready(pod: Any) -> bool:
@@ -435,8 +450,7 @@ class StandIn:
         # Submission API) and its drivers go with it, before the workers' actors die and a
         # driver could report a failure of its own.
         local.head.kill(grace=0)
-        for node in local.workers.values():
-            node.kill()
+        kill_nodes(list(local.workers.values()))
         shutil.rmtree(local.temp_dir, ignore_errors=True)
         try:
             self._annotate(local, publish=False)
@@ -540,7 +554,9 @@ class StandIn:
                 node.kill()
                 del local.workers[pod_uid]
                 self.failures[pod_uid] = time.monotonic()
-        for pod_uid, pod in live.items():
+        # Trainer nodes first: the ZeRO ranks take the longest to build, and they can start
+        # building while the other nodes join.
+        for pod_uid, pod in sorted(live.items(), key=lambda item: _start_order(item[1])):
             if pod_uid in local.workers or self._backing_off(pod_uid) or self._joining:
                 continue
             group = pod.metadata.labels.get("ray.io/group", "")
