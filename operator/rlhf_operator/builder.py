@@ -346,17 +346,28 @@ def build_network_policy(job: RLHFJob, operator_namespace: str | None) -> dict[s
     }
 
 
+DRAIN_GUARDED_ROLES = ("head", "trainer")
+"""The pods whose loss loses the training run's state: the head (the driver and Ray's GCS) and
+the trainer ranks. A node drain waits for them (`build_disruption_budget`)."""
+
+
 def build_disruption_budget(job: RLHFJob) -> dict[str, Any]:
-    """No voluntary eviction of a trainer pod (a node drain, an autoscaler's scale-down): the
-    drain waits, the operator sees the trainer's node cordoned, has the trainer checkpoint its
-    step, and moves the job off the node (its pods are deleted then, which a budget allows)."""
+    """No voluntary eviction of the head or a trainer pod (a node drain, an autoscaler's
+    scale-down): the drain waits, the operator sees their node cordoned, has the trainer
+    checkpoint its step, and moves the job off the node (its pods are deleted then, which a
+    budget allows). Rollout and reward pods may go: the job degrades instead."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(job, disruption_budget_name(job)),
         "spec": {
             "maxUnavailable": 0,
-            "selector": {"matchLabels": {LABEL_JOB: job.metadata.name, LABEL_ROLE: "trainer"}},
+            "selector": {
+                "matchLabels": {LABEL_JOB: job.metadata.name},
+                "matchExpressions": [
+                    {"key": LABEL_ROLE, "operator": "In", "values": list(DRAIN_GUARDED_ROLES)}
+                ],
+            },
         },
     }
 

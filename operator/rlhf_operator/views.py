@@ -341,11 +341,12 @@ def cluster_warning(
 
 
 def trainer_nodes(pods: list[Any]) -> set[str]:
-    """The nodes the cluster's trainer pods (not being deleted) run on."""
+    """The nodes the cluster's head and trainer pods (not being deleted) run on: the pods a
+    node drain must wait for (the PodDisruptionBudget's)."""
     return {
         pod.spec.node_name
         for pod in pods
-        if _labels(pod).get(names.LABEL_ROLE) == "trainer"
+        if _labels(pod).get(names.LABEL_ROLE) in ("head", "trainer")
         and pod.metadata.deletion_timestamp is None
         and getattr(pod.spec, "node_name", None)
     }

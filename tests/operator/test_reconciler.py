@@ -1114,3 +1114,20 @@ def test_a_finished_queued_job_marks_its_workload_finished() -> None:
     finished = [c for c in world.kube.workloads[name]["status"]["conditions"]
                 if c["type"] == kueue.FINISHED]  # fmt: skip
     assert finished and finished[0]["reason"] == "Succeeded"
+
+
+def test_a_cordoned_head_node_drains_the_job_too() -> None:
+    # The head runs the driver and Ray's GCS: evicting it loses the run like a trainer would.
+    world = World()
+    world.running()
+    world.kube.beat(T0 + timedelta(seconds=2), LeaseReport(step=6, attempt=0))
+    for pod in world.kube.pods[NAME]:
+        if pod.metadata.labels[ray.LABEL_NODE_TYPE] == ray.NODE_HEAD:
+            pod.metadata.labels[names.LABEL_ROLE] = "head"
+            pod.spec = V1PodSpec(containers=[], node_name="cpu-0")
+    world.kube.cordoned = {"cpu-0"}
+    world.reconcile(10)
+    assert world.condition("Draining")["reason"] == "NodeDrained"
+    budget = next(m for m in world.kube.applied if m["kind"] == "PodDisruptionBudget")
+    (roles,) = budget["spec"]["selector"]["matchExpressions"]
+    assert roles == {"key": names.LABEL_ROLE, "operator": "In", "values": ["head", "trainer"]}
