@@ -607,7 +607,8 @@ class _Planner:
         self.act(ApplyWorkload())
         waiting = f"queued in LocalQueue {self.queue}: waiting for Kueue to admit the job"
         self.enter(Phase.PENDING, waiting, reason=EventReason.QUEUED)
-        self.condition(ADMITTED, False, EventReason.QUEUED, waiting)
+        if self.condition(ADMITTED, False, EventReason.QUEUED, waiting):
+            self.event("Normal", EventReason.QUEUED, waiting)  # a new job is Pending already
 
     def follow_workload(self) -> None:
         """Keep the Workload's `active` in step with `spec.suspend`, and say when Kueue admitted

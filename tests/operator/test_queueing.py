@@ -286,6 +286,7 @@ def test_a_queued_job_gets_a_workload_and_no_cluster_before_admission() -> None:
     plan = decide(Observed(job=queued_job(), now=at(0), created=at(0)))
     assert kinds(plan) == [ApplyWorkload]
     assert plan.status.phase == Phase.PENDING
+    assert [e.reason for e in plan.events] == ["Queued"]
     assert job_condition(plan, "Admitted").status == "False"
     waiting = decide(Observed(job=queued_job(), now=at(1), created=at(0), workload=PENDING))
     assert waiting.actions == []
