@@ -132,6 +132,9 @@ class WorkloadView:
     """Pod set → the ResourceFlavors its admission assigned (to place its pods)."""
     conditions: tuple[dict[str, Any], ...] = ()
     """As stored: the status writes below carry them all (a merge patch replaces the list)."""
+    past_execution_seconds: int = 0
+    """`accumulatedPastExecutionTimeSeconds`: admitted time of earlier admissions (what Kueue's
+    `maximumExecutionTimeSeconds` counts)."""
 
     @property
     def running_allowed(self) -> bool:
@@ -185,6 +188,7 @@ def workload_view(body: dict[str, Any] | None) -> WorkloadView | None:
         eviction=eviction,
         flavors=flavors,
         conditions=tuple(conditions),
+        past_execution_seconds=int(status.get("accumulatedPastExecutionTimeSeconds") or 0),
     )
 
 
@@ -246,17 +250,28 @@ def release_patch(
     conditions = [dict(c) for c in workload.conditions]
     eviction = workload.eviction or Eviction("Deactivated", "the job was suspended")
     why = eviction.message or eviction.reason
-    requeue = "True" if eviction.requeued and workload.active else "False"
+    requeue = "True" if eviction.requeued else "False"
     _set_condition(conditions, kueue.REQUEUED, requeue, eviction.reason, why, now, generation)
     _set_condition(conditions, kueue.QUOTA_RESERVED, "False", "Pending", why, now, generation)
-    _set_condition(
-        conditions, kueue.ADMITTED, "False", "NoReservation",
-        "The workload has no reservation", now, generation,
-    )  # fmt: skip
-    return {
-        "metadata": {"resourceVersion": workload.resource_version},
-        "status": {"conditions": conditions, "admission": None},
-    }
+    status: dict[str, Any] = {"conditions": conditions, "admission": None}
+    admitted = _condition(conditions, kueue.ADMITTED)
+    if admitted is not None and admitted.get("status") == "True":
+        # As Kueue's SyncAdmittedCondition: the admitted time joins the past execution time.
+        since = _parse_time(admitted.get("lastTransitionTime"))
+        ran = max(0, int((now - since).total_seconds())) if since is not None else 0
+        status["accumulatedPastExecutionTimeSeconds"] = workload.past_execution_seconds + ran
+        _set_condition(
+            conditions, kueue.ADMITTED, "False", "NoReservation",
+            "The workload has no reservation", now, generation,
+        )  # fmt: skip
+    return {"metadata": {"resourceVersion": workload.resource_version}, "status": status}
+
+
+def _parse_time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
 
 
 def finish_patch(

@@ -228,6 +228,7 @@ def test_giving_the_quota_back_after_a_preemption_requeues_the_workload() -> Non
     assert by_type[kueue.QUOTA_RESERVED]["status"] == "False"
     assert by_type[kueue.QUOTA_RESERVED]["lastTransitionTime"] == "2026-01-01T00:00:30Z"
     assert by_type[kueue.ADMITTED]["reason"] == "NoReservation"
+    assert patch["status"]["accumulatedPastExecutionTimeSeconds"] == 30  # admitted at 0, out at 30
     # Kueue's own conditions stay as they were.
     assert by_type[kueue.EVICTED]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert by_type[kueue.PREEMPTED]["status"] == "True"
