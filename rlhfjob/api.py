@@ -1504,6 +1504,24 @@ class CheckpointRef(ApiModel):
     """When the operator first saw it reported (RFC 3339)."""
 
 
+class Progress(ApiModel):
+    """How fast the job trains and when it should end, from the trainer's heartbeat."""
+
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
+
+    steps_per_second: float | None = None
+    """Training steps per second: a moving average over the steps the operator saw advance
+    (time between attempts, a restart's, is left out)."""
+    eta: datetime | None = None
+    """When the last step should finish at that rate (RFC 3339)."""
+    reward_mean: float | None = None
+    """Mean reward of the last step the trainer reported."""
+    tokens_per_second: float | None = None
+    """Generation throughput of the last step's rollout, in tokens per second."""
+    step_time: datetime | None = None
+    """When the trainer reported status.currentStep: the next rate is measured from it."""
+
+
 class RestartRecord(ApiModel):
     """One climb of the recovery ladder: why, from which checkpoint, and how fast."""
 
@@ -1555,6 +1573,8 @@ class RLHFJobStatus(ApiModel):
     from epochs."""
     last_checkpoint: CheckpointRef | None = None
     """The newest complete checkpoint; a restart resumes from it."""
+    progress: Progress | None = None
+    """Steps per second, the estimated end and the latest reward (from the heartbeat)."""
     restart_count: int = 0
     """Restarts so far; the job fails (RestartsExhausted) when one more would exceed
     spec.recovery.maxRestarts."""
