@@ -113,6 +113,8 @@ ENV_JOB_CONFIG = "RLHF_JOB_CONFIG"
 """Path of the job file (the ConfigMap mounted in every pod)."""
 ENV_ATTEMPT = "RLHF_ATTEMPT"
 """Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
+ENV_TRAINER_METRICS_PORT = "RLHF_TRAINER_METRICS_PORT"
+"""Where the trainer driver (on the head) serves its Prometheus metrics."""
 KUBERAY_GROUP = "ray.io"
 KUBERAY_ENV = (
     *("RAY_ADDRESS", "RAY_PORT", "RAY_IP", "FQ_RAY_IP"),
@@ -129,6 +131,7 @@ RESERVED_ENV = (
     ENV_ROLE,
     ENV_JOB_CONFIG,
     ENV_ATTEMPT,
+    ENV_TRAINER_METRICS_PORT,
     *KUBERAY_ENV,
 )
 RESERVED_KEY_DOMAINS = (GROUP, KUBERAY_GROUP)
