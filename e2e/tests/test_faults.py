@@ -5,6 +5,11 @@ rollout engines, on the stand-in Ray), injects one failure once a checkpoint exi
 that the job ends Succeeded with every step after the last checkpoint trained exactly once
 (`TrainingRecord.lineage_problems`) and every checkpoint still there and intact. The last two
 tests are the failures that must end a job: one that keeps failing, and one retrying cannot fix.
+
+A real Prometheus (`rlhf_local.prometheus`) scrapes the operator and every Ray pod for the whole
+module and evaluates the chart's alerts with durations of seconds: the frozen driver's case runs
+every dashboard query on what it scraped, and the last test checks that each alert fired during
+the failures above it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ from typing import Any
 
 import pytest
 
-from rlhf_local import faults
+from rlhf_local import cluster, dashboards, faults
+from rlhf_local import prometheus as prom
 from rlhf_local.faults import TrainingRecord
 from rlhf_local.jobs import Jobs
 from rlhf_local.operator_process import OperatorProcess, metric_value
+from rlhf_local.paths import local_dir
+from rlhf_local.prometheus import Prometheus
+from rlhf_local.standin import SCRAPE_TARGETS
 from rlhf_local.testing import LocalCluster, wait_for
 from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
 
@@ -37,6 +46,44 @@ JOB_TIMEOUT = 600.0
 @pytest.fixture
 def jobs(local_cluster: LocalCluster, namespace: str) -> Jobs:
     return Jobs(local_cluster, namespace)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prometheus(
+    local_cluster: LocalCluster, operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    """Prometheus over every case of the module, with the chart's alerts on short durations."""
+    binaries = cluster.binaries()
+    server = Prometheus(
+        binaries.prometheus,
+        tmp_path_factory.mktemp("prometheus"),
+        operator.metrics_port,
+        cluster.Layout(local_dir()).standin / SCRAPE_TARGETS,
+        prom.render_rules(binaries.helm, prom.SHORT_ALERTS),
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+RATE_INTERVAL = "15s"
+"""What `$__rate_interval` becomes: several scrapes at the stand-in's interval."""
+
+
+def dashboard_queries_without_data(server: Prometheus, namespace: str, name: str,
+                                   start: float) -> list[str]:  # fmt: skip
+    """Every dashboard query, its variables filled in for the job, over the job's lifetime as a
+    panel asks it; those with no finite value anywhere."""
+    variables = {"namespace": namespace, "job": name, "__rate_interval": RATE_INTERVAL}
+    empty = []
+    for path in dashboards.paths():
+        for query in dashboards.queries(path):
+            expr = query.filled(variables)
+            if not prom.has_data(server.query_range(expr, start, time.time())):
+                empty.append(f"{query.dashboard} / {query.panel}: {expr}")
+    return empty
 
 
 class FaultRun:
@@ -174,7 +221,10 @@ def test_1_colocated_killed_driver_is_resubmitted_in_place_with_its_engines(
     assert status["restartHistory"][0]["resumedTime"], "the operator saw training resume"
 
 
-def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_run: Any) -> None:
+def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(
+    fault_run: Any, prometheus: Prometheus
+) -> None:
+    started = time.time()
     run = fault_run("freeze")
     run.wait_past_checkpoint()
     pid = faults.freeze_driver(run.jobs, run.name)
@@ -188,6 +238,18 @@ def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_
     healthy = next(c for c in status["conditions"] if c["type"] == "Healthy")
     assert healthy["status"] == "True"
     assert not process_alive(pid), "the frozen driver was stopped"
+    progress = status["progress"]
+    assert progress["stepsPerSecond"] > 0 and progress["tokensPerSecond"] > 0, progress
+    assert progress["rewardMean"] is not None and progress["eta"], progress
+    # What Prometheus scraped of this job: every dashboard query has data, and the alerts of a
+    # hung trainer fired for this job.
+    namespace = run.jobs.namespace
+    empty = dashboard_queries_without_data(prometheus, namespace, run.name, started)
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+    fired = prometheus.fired(started, selector=f'namespace="{namespace}", rlhfjob="{run.name}"')
+    expected = {"RLHFJobTrainerHung", "RLHFJobRestartsNearlyExhausted",
+                "RLHFJobProvisioningStuck", "RLHFJobNoStepProgress"}  # fmt: skip
+    assert expected <= fired, f"fired: {sorted(fired)}\n{prometheus.log_tail()}"
 
 
 def reward_model_spec(directory: Path) -> dict[str, Any]:
@@ -371,3 +433,14 @@ def test_9_a_non_retryable_error_fails_the_job_at_once(
     assert "rlhf_no_such_module" in status["message"], status["message"]
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "NonRetryableError"
+
+
+# --- 10: what Prometheus saw of all of them ----------------------------------------------------
+
+
+def test_10_every_alert_fired_during_the_faults(prometheus: Prometheus) -> None:
+    """Each alert of the chart fired during this module's failures (run it with the cases above
+    it: a lost rollout pod is Degraded, the operator's restart is its downtime, ...)."""
+    fired = prometheus.fired(prometheus.started)
+    missing = set(prom.ALERTS) - fired - set(prom.NOT_FIRED_IN_E2E)
+    assert not missing, f"never fired: {sorted(missing)}; fired: {sorted(fired)}"

@@ -152,8 +152,8 @@ class OperatorMetrics:
             (self.job_total_steps, key): status.total_steps,
         }
         for condition in status.conditions:
-            value = 1 if condition.status == "True" else 0
-            current[(self.job_condition, (*key, condition.type))] = value
+            truth = 1 if condition.status == "True" else 0
+            current[(self.job_condition, (*key, condition.type))] = truth
         progress = status.progress
         if progress is not None:
             current[(self.job_steps_per_second, key)] = progress.steps_per_second
