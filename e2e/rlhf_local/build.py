@@ -360,6 +360,18 @@ def ensure_tools() -> dict[str, Path]:
     return {name: bin_root / key / name for name, key in names.items()}
 
 
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+
+
+def prometheus_operator_crds() -> tuple[Path, ...]:
+    """The Prometheus Operator's CRDs of the kinds the chart renders, from its Go module (only
+    downloaded: the e2e tier installs them to dry-run the chart's monitoring objects)."""
+    root = _module_dir(PROMETHEUS_OPERATOR_MODULE, versions.PROMETHEUS_OPERATOR)
+    crds = root / "example" / "prometheus-operator-crd"
+    return tuple(crds / f"monitoring.coreos.com_{kind}.yaml" for kind in MONITORING_CRDS)
+
+
 def cached_tool(name: str) -> Path | None:
     """`helm`, `kubectl`, `prometheus` or `promtool` when the cache has it (else None: run
     `python -m rlhf_local.build --tools`)."""
@@ -440,7 +452,8 @@ def prefetch() -> list[str]:
     started = time.monotonic()
     t0 = time.monotonic()
     ensure_tools()
-    tools = f"kubectl, helm, prometheus, promtool: {time.monotonic() - t0:.0f}s"
+    prometheus_operator_crds()
+    tools = f"kubectl, helm, prometheus, promtool, monitoring CRDs: {time.monotonic() - t0:.0f}s"
     _log(tools, "fetch")
     bin_root = cache_dir() / "bin"
     go_version = _go_version()

@@ -26,6 +26,9 @@ KUBECTL_LAYER_VERSION = "2.2.2"
 #: e2e tier scrapes a real run with it and the unit tier tests the chart's alerts with promtool.
 PROMETHEUS_DEB_PACKAGE = "prometheus"
 PROMETHEUS_DEB_VERSION = "2.42.0+ds-5+deb12u1"
+#: github.com/prometheus-operator/prometheus-operator: its CRDs (example/prometheus-operator-crd)
+#: check the chart's ServiceMonitor, PodMonitor and PrometheusRule by a server-side dry run.
+PROMETHEUS_OPERATOR = "v0.85.0"
 
 #: k8s.io/<staging> modules that k8s.io/kubernetes replaces with ./staging/src/...; a module
 #: that imports k8s.io/kubernetes must replace each with its published release.
