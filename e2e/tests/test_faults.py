@@ -241,6 +241,10 @@ def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(
     progress = status["progress"]
     assert progress["stepsPerSecond"] > 0 and progress["tokensPerSecond"] > 0, progress
     assert progress["rewardMean"] is not None and progress["eta"], progress
+    header, row = cluster.kubectl("get", "rlhfjobs", run.name, "-n", run.jobs.namespace).split(
+        "\n"
+    )[:2]
+    assert "ETA" in header.split() and progress["eta"] in row.split(), (header, row)
     # What Prometheus scraped of this job: every dashboard query has data, and the alerts of a
     # hung trainer fired for this job.
     namespace = run.jobs.namespace
