@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import subprocess
 import tempfile
@@ -156,6 +157,13 @@ class Prometheus:
             raise RuntimeError(f"prometheus exited:\n{self.log_tail()}")
         with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
             return bool(response.status == 200)
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server has used so far (user + system), what it costs the tier."""
+        if self.process is None:
+            return 0.0
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

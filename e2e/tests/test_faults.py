@@ -65,6 +65,8 @@ def prometheus(
     try:
         yield server
     finally:
+        elapsed = time.time() - server.started
+        print(f"[prometheus] {server.cpu_seconds():.1f} CPU-s over {elapsed:.0f} s of scraping")
         server.stop()
 
 
@@ -248,7 +250,9 @@ def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(
     # What Prometheus scraped of this job: every dashboard query has data, and the alerts of a
     # hung trainer fired for this job.
     namespace = run.jobs.namespace
+    checking = time.monotonic()
     empty = dashboard_queries_without_data(prometheus, namespace, run.name, started)
+    print(f"[prometheus] dashboard queries checked in {time.monotonic() - checking:.1f} s")
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
     fired = prometheus.fired(started, selector=f'namespace="{namespace}", rlhfjob="{run.name}"')
     expected = {"RLHFJobTrainerHung", "RLHFJobRestartsNearlyExhausted",
