@@ -326,9 +326,12 @@ def _fetch_prometheus(out: Path, key: str) -> None:
     spec = f"{versions.PROMETHEUS_DEB_PACKAGE}={versions.PROMETHEUS_DEB_VERSION}"
     with tempfile.TemporaryDirectory() as tmp:
         _log(f"apt-get download {spec}")
-        got = subprocess.run(
-            ["apt-get", "download", "-q", spec], cwd=tmp, capture_output=True, text=True
-        )
+        download = ["apt-get", "download", "-q", spec]
+        got = subprocess.run(download, cwd=tmp, capture_output=True, text=True)
+        if got.returncode != 0 and os.geteuid() == 0:  # a fresh machine has no package lists
+            _log("apt-get update (no package lists yet?)")
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True)
+            got = subprocess.run(download, cwd=tmp, capture_output=True, text=True)
         if got.returncode != 0:
             raise RuntimeError(
                 f"apt-get download {spec} failed (run apt-get update, or pin the version Debian "
