@@ -94,8 +94,9 @@ class Prometheus:
     rules: dict[str, Any]
     interval: str = "1s"
     """Scrapes of the operator and rule evaluations: the short alerts need a fine grain."""
-    ray_interval: str = "2s"
-    """Scrapes of the Ray pods (Ray's exporter, the trainer's): cheaper on two busy cores."""
+    ray_interval: str = "5s"
+    """Scrapes of the Ray pods (Ray's exporter, the trainer's): each costs the pod's Ray agent
+    CPU, which a joining Ray node needs on two busy cores."""
     port: int = field(default_factory=_free_port)
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0

@@ -70,7 +70,7 @@ def prometheus(
         server.stop()
 
 
-RATE_INTERVAL = "15s"
+RATE_INTERVAL = "30s"
 """What `$__rate_interval` becomes: several scrapes at the stand-in's interval."""
 
 
