@@ -135,6 +135,11 @@ class OperatorMetrics:
         self._job_series: dict[tuple[str, str], set[tuple[Gauge | Counter, tuple[str, ...]]]] = {}
         for phase in Phase:
             self.jobs.labels(phase=phase.value).set(0)
+        # Every reason from the start: Prometheus sees a series' first sample, so a child made
+        # by the first restart would hold it already, and rate() would never show it.
+        for reason in RestartReason:
+            for family in (self.restarts, self.detection_seconds, self.recovery_seconds):
+                family.labels(reason=reason.value)
 
     def observe_job(self, job: RLHFJob, status: RLHFJobStatus) -> None:
         """Set the job's series from the status just written; series it no longer has go."""

@@ -409,6 +409,9 @@ def test_the_lease_report_reaches_the_status() -> None:
 def test_a_failed_trainer_is_restarted_and_counted_by_reason() -> None:
     world = World()
     world.running()
+    # Exported from zero before the first restart: rate() sees the first one as an increase.
+    assert world.sample("rlhf_operator_restarts_total", reason="TrainerFailed") == 0
+    assert world.sample("rlhf_operator_recovery_seconds_count", reason="TrainerHung") == 0
     world.ray.jobs[FIRST_ATTEMPT] = RayJobView(FIRST_ATTEMPT, "FAILED", "boom", exit_code=1)
     world.reconcile(5)
     assert world.status["phase"] == "Recovering"
