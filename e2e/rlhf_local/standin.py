@@ -50,7 +50,10 @@ from typing import Any
 from kubernetes import client, config
 
 from rlhf_local.podenv import pod_environment
+from rlhf_operator.names import LABEL_JOB, LABEL_ROLE
 from rlhfjob import contract
+from rlhfjob.api import ENV_TRAINER_METRICS_PORT
+from rlhfjob.contract.env import TRAINER_METRICS_PORT_NAME
 
 DASHBOARD_ANNOTATION = contract.DASHBOARD_ANNOTATION
 GCS_ANNOTATION = "rlhf.dev/gcs-address"
@@ -138,6 +141,11 @@ class RayNode:
     params: NodeParams
     log: Path
     log_offset: int
+    scrape: dict[str, int] = field(default_factory=dict)
+    """The pod's metrics ports by name (Ray's `metrics`, the head's `trainer-metrics`), each
+    mapped to a free port on 127.0.0.1 as the pod's own IP would serve it."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """The pod's namespace and labels, for the scrape targets."""
     registered: bool = False
     started: float = field(default_factory=time.monotonic)
 
@@ -189,6 +197,20 @@ def kill_nodes(nodes: list[RayNode], grace: float = 5.0) -> None:
     for pid in _processes_with(POD_MARKER, {node.pod_uid for node in nodes}):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+SCRAPE_TARGETS = "scrape-targets.json"
+"""In the state dir: every Ray pod's metrics ports as a Prometheus file_sd target list, labelled
+as the chart's PodMonitor labels them (namespace, pod, rlhfjob, role; endpoint the port's name)."""
+
+
+def _scrape_labels(pod: Any) -> dict[str, str]:
+    labels = pod.metadata.labels or {}
+    found = {"namespace": pod.metadata.namespace, "pod": pod.metadata.name}
+    for key, label in ((LABEL_JOB, "rlhfjob"), (LABEL_ROLE, "role")):
+        if key in labels:
+            found[label] = labels[key]
+    return found
 
 
 POD_MARKER = "RLHF_STANDIN_POD_UID"
@@ -353,10 +375,16 @@ class StandIn:
         pod_dir = temp_dir / "pods" / head_pod.metadata.name  # removed with the cluster
         pod_env = pod_environment(self.core, head_pod, self.kubeconfig, pod_dir)
         pod_env[POD_MARKER] = head_pod.metadata.uid
+        scrape = {"metrics": metrics}
+        if ENV_TRAINER_METRICS_PORT in pod_env:  # the driver's port, on a port of its own here
+            (trainer_port,) = _free_ports(1)
+            pod_env[ENV_TRAINER_METRICS_PORT] = str(trainer_port)
+            scrape[TRAINER_METRICS_PORT_NAME] = trainer_port
         pid, log_path, offset = self._spawn(label, argv, pod_env)
         head = RayNode(
-            head_pod.metadata.name, head_pod.metadata.uid, "head", pid, params, log_path, offset
-        )
+            head_pod.metadata.name, head_pod.metadata.uid, "head", pid, params, log_path, offset,
+            scrape, _scrape_labels(head_pod),
+        )  # fmt: skip
         local = LocalRay(
             meta["namespace"],
             meta["name"],
@@ -417,7 +445,8 @@ class StandIn:
         pid, log_path, offset = self._spawn(
             f"{local.namespace}.{local.name}.{pod.metadata.name}", argv, pod_env
         )
-        return RayNode(pod.metadata.name, pod.metadata.uid, group, pid, params, log_path, offset)
+        return RayNode(pod.metadata.name, pod.metadata.uid, group, pid, params, log_path, offset,
+                       {"metrics": metrics}, _scrape_labels(pod))  # fmt: skip
 
     # --- API ---------------------------------------------------------------------------
 
@@ -583,6 +612,18 @@ class StandIn:
         tmp = self.state_dir / "clusters.json.tmp"
         tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
         tmp.replace(self.state_dir / "clusters.json")
+        targets = [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {**node.labels, "endpoint": name}}
+            for c in self.clusters.values()
+            for node in (c.head, *c.workers.values())
+            for name, port in sorted(node.scrape.items())
+        ]
+        text = json.dumps(targets, indent=2, sort_keys=True) + "\n"
+        path = self.state_dir / SCRAPE_TARGETS
+        if not path.exists() or path.read_text() != text:  # Prometheus reloads on a change
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
 
     def run(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)

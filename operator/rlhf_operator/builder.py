@@ -42,6 +42,7 @@ from rlhfjob.api import (
     Toleration,
 )
 from rlhfjob.contract import PodEnv
+from rlhfjob.contract.env import TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME
 from rlhfjob.contract.kuberay import RAY_API_VERSION, RAY_CLUSTER_KIND
 
 JOB_CONFIG_DIR = api.JOB_CONFIG_DIR
@@ -57,7 +58,18 @@ RAY_PORTS = [
     {"name": "dashboard", "containerPort": DASHBOARD_PORT},
     {"name": "client", "containerPort": 10001},
     {"name": "metrics", "containerPort": 8080},
+    {"name": TRAINER_METRICS_PORT_NAME, "containerPort": TRAINER_METRICS_PORT},
 ]
+"""The head's ports: Ray's (`metrics` is Ray's own exporter, on every Ray pod) and the
+trainer driver's metrics, which runs on the head."""
+METRICS_PORTS = (8080, TRAINER_METRICS_PORT)
+"""Ray's exporter (every Ray pod) and the trainer's (the head): what Prometheus scrapes."""
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(TRAINER_METRICS_PORT),
+    "prometheus.io/path": "/metrics",
+}
+"""On the head, for a Prometheus that finds targets by annotation (no Prometheus Operator)."""
 
 
 def owner_reference(job: RLHFJob) -> dict[str, Any]:
@@ -163,6 +175,7 @@ def _pod_env(job: RLHFJob, role: str, pod: PodOverrides) -> list[dict[str, Any]]
         job_namespace=job.metadata.namespace,
         role=role,
         job_config=f"{JOB_CONFIG_DIR}/{JOB_CONFIG_FILE}",
+        metrics_port=TRAINER_METRICS_PORT if role == "head" else None,
     )
     contract = [{"name": name, "value": value} for name, value in env.to_env().items()]
     return contract + [var.wire() for var in pod.env]
@@ -227,8 +240,10 @@ def _pod_template(
         # The operator's labels last: they select the job's pods (NetworkPolicy, the operator).
         "labels": {**dict(sorted(pod.labels.items())), **job_labels(job), LABEL_ROLE: role}
     }
-    if pod.annotations:
-        metadata["annotations"] = dict(sorted(pod.annotations.items()))
+    # The job's own annotations over the scrape annotations: a job may opt out of them.
+    annotations = {**(SCRAPE_ANNOTATIONS if role == "head" else {}), **pod.annotations}
+    if annotations:
+        metadata["annotations"] = dict(sorted(annotations.items()))
     return {"metadata": metadata, "spec": pod_spec}
 
 
@@ -341,6 +356,9 @@ def build_network_policy(job: RLHFJob, operator_namespace: str | None) -> dict[s
                     "from": [operator],
                     "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}],
                 },
+                # Metrics only, read-only, from anywhere: where Prometheus runs is the
+                # installation's choice.
+                {"ports": [{"protocol": "TCP", "port": port} for port in METRICS_PORTS]},
             ],
         },
     }

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from rlhf_operator import progress
 from rlhf_operator.names import submission_id
 from rlhf_operator.queueing import queue_name
 from rlhf_operator.views import ApplyRefusal, ClusterView, HeartbeatView, Observed, RayJobView
@@ -421,10 +422,14 @@ class _Planner:
         if beat is None or (beat.attempt is not None and beat.attempt != self.status.restart_count):
             return
         self.status.last_heartbeat_time = beat.renewed
+        previous_step = self.status.current_step
         if beat.step is not None:
             self.status.current_step = beat.step
         if beat.total_steps is not None:
             self.status.total_steps = beat.total_steps
+        self.status.progress = progress.advance(
+            self.status.progress, previous_step, beat, self.status.total_steps
+        )
         self.note_resumed(beat)
         if beat.checkpoint_step is not None and beat.checkpoint_path:
             known = self.status.last_checkpoint

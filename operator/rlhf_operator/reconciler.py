@@ -148,6 +148,7 @@ class Reconciler:
         self._phases.pop((namespace, name), None)
         self._silent.pop((namespace, name), None)
         self._update_phase_gauge()
+        self.metrics.forget_job(namespace, name)
 
     async def _reconcile(self, namespace: str, name: str) -> float | None:
         body = await self.kube.get_job(namespace, name)
@@ -525,7 +526,7 @@ class Reconciler:
             self.metrics.first_step_seconds.observe(age)
         if after.restart_count > before.restart_count and after.restart_history:
             record = after.restart_history[-1]
-            self.metrics.restarts.labels(reason=record.reason).inc()
+            self.metrics.record_restart(job, record.reason)
             if record.detection_seconds is not None:
                 self.metrics.detection_seconds.labels(reason=record.reason).observe(
                     record.detection_seconds
@@ -536,6 +537,7 @@ class Reconciler:
             self.metrics.recovery_seconds.labels(reason=resumed.reason).observe(seconds)
         self._phases[(job.metadata.namespace, job.metadata.name)] = after.phase.value
         self._update_phase_gauge()
+        self.metrics.observe_job(job, after)
 
     def _update_phase_gauge(self) -> None:
         counts: dict[str, int] = {}

@@ -10,7 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 # The names live with the API, whose rules keep a job's own variables off them.
-from rlhfjob.api import ENV_ATTEMPT, ENV_JOB_CONFIG, ENV_JOB_NAME, ENV_JOB_NAMESPACE, ENV_ROLE
+from rlhfjob.api import (
+    ENV_ATTEMPT,
+    ENV_JOB_CONFIG,
+    ENV_JOB_NAME,
+    ENV_JOB_NAMESPACE,
+    ENV_ROLE,
+    ENV_TRAINER_METRICS_PORT,
+)
+
+TRAINER_METRICS_PORT = 9400
+"""The head's port of the trainer driver's `/metrics` (the chart's PodMonitor scrapes it)."""
+TRAINER_METRICS_PORT_NAME = "trainer-metrics"
 
 _NAMES = {
     "job_name": ENV_JOB_NAME,
@@ -18,6 +29,7 @@ _NAMES = {
     "role": ENV_ROLE,
     "job_config": ENV_JOB_CONFIG,
     "attempt": ENV_ATTEMPT,
+    "metrics_port": ENV_TRAINER_METRICS_PORT,
 }
 
 
@@ -32,6 +44,8 @@ class PodEnv:
     job_config: str | None = None
     attempt: int | None = None
     """Only Ray job submissions carry it: pods outlive attempts."""
+    metrics_port: int | None = None
+    """Where the trainer driver serves its metrics; only the head, where the driver runs."""
 
     def to_env(self) -> dict[str, str]:
         """The variables, in field order (manifests stay byte-identical)."""
@@ -42,5 +56,9 @@ class PodEnv:
     def from_env(cls, environ: Mapping[str, str]) -> PodEnv:
         """Read it back; unset or empty is None, and an unreadable attempt counts as unset."""
         found = {field: environ.get(name) or None for field, name in _NAMES.items()}
-        attempt = found.pop("attempt")
-        return cls(**found, attempt=int(attempt) if attempt and attempt.isdigit() else None)
+        attempt, port = found.pop("attempt"), found.pop("metrics_port")
+        return cls(
+            **found,
+            attempt=int(attempt) if attempt and attempt.isdigit() else None,
+            metrics_port=int(port) if port and port.isdigit() else None,
+        )

@@ -29,6 +29,10 @@ LEASE_ROLLOUT_ENGINES = f"{GROUP}/rollout-engines"
 """`<live>/<desired>` rollout engines the trainer generates with (elastic roles, decision 5)."""
 LEASE_REWARD_MODELS = f"{GROUP}/reward-models"
 """`<live>/<desired>` reward-model replicas the trainer scores with (an elastic role too)."""
+LEASE_REWARD_MEAN = f"{GROUP}/reward-mean"
+"""Mean reward of the last step (a decimal number): the job's status shows it."""
+LEASE_TOKENS_PER_SECOND = f"{GROUP}/tokens-per-second"
+"""Generation throughput of the last step's rollout, in tokens per second."""
 LEASE_CHECKPOINT_REQUESTED_AT = f"{GROUP}/checkpoint-requested-at"
 """When the trainer saw a request to checkpoint now (preemption): its acknowledgement."""
 LEASE_CHECKPOINT_SAVED_STEP = f"{GROUP}/checkpoint-saved-step"
@@ -73,6 +77,7 @@ class _Codec:
 
 
 _INT = _Codec(str, int)
+_FLOAT = _Codec(lambda value: f"{value:.6g}", float)
 _TEXT = _Codec(str, str)
 _TIME = _Codec(format_time, parse_time)
 _ENGINES = _Codec(str, EngineCount.parse)
@@ -104,6 +109,12 @@ class LeaseReport:
     reward_models: EngineCount | None = field(
         default=None, metadata=_wire(LEASE_REWARD_MODELS, _ENGINES)
     )
+    reward_mean: float | None = field(default=None, metadata=_wire(LEASE_REWARD_MEAN, _FLOAT))
+    """Mean reward of the last step."""
+    tokens_per_second: float | None = field(
+        default=None, metadata=_wire(LEASE_TOKENS_PER_SECOND, _FLOAT)
+    )
+    """Generation throughput of the last step's rollout."""
     checkpoint_requested_at: datetime | None = field(
         default=None, metadata=_wire(LEASE_CHECKPOINT_REQUESTED_AT, _TIME)
     )

@@ -151,6 +151,25 @@ def test_running_job_reports_progress_from_the_heartbeat() -> None:
     assert plan.status.message == "training: step 7/10"
 
 
+def test_running_job_shows_its_rate_eta_and_reward() -> None:
+    earlier = {"stepTime": "2026-01-01T00:00:50Z"}
+    beat = HeartbeatView(renewed=at(99), step=7, step_changed=at(90), total_steps=10, attempt=0,
+                         reward_mean=0.5, tokens_per_second=800.0)  # fmt: skip
+    seen = Observed(
+        job=make_job(running(currentStep=3, progress=earlier)),
+        now=at(100),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+        heartbeat=beat,
+    )
+    shown = decide(seen).status.progress
+    assert shown is not None
+    assert shown.steps_per_second == pytest.approx(4 / 40), "4 steps between the step times"
+    assert shown.eta == at(90 + 3 / (4 / 40))
+    assert (shown.reward_mean, shown.tokens_per_second) == (0.5, 800.0)
+
+
 def test_existing_cluster_is_reapplied_only_when_the_spec_changed() -> None:
     seen = Observed(
         job=make_job(running(observedGeneration=1)),

@@ -442,11 +442,45 @@ def test_the_lease_report_reaches_the_status() -> None:
 def test_a_failed_trainer_is_restarted_and_counted_by_reason() -> None:
     world = World()
     world.running()
+    # Exported from zero before the first restart: rate() sees the first one as an increase.
+    assert world.sample("rlhf_operator_restarts_total", reason="TrainerFailed") == 0
+    assert world.sample("rlhf_operator_recovery_seconds_count", reason="TrainerHung") == 0
     world.ray.jobs[FIRST_ATTEMPT] = RayJobView(FIRST_ATTEMPT, "FAILED", "boom", exit_code=1)
     world.reconcile(5)
     assert world.status["phase"] == "Recovering"
     assert world.status["restartHistory"][-1]["reason"] == "TrainerFailed"
     assert world.sample("rlhf_operator_restarts_total", reason="TrainerFailed") == 1
+    job = {"namespace": NAMESPACE, "rlhfjob": NAME}
+    assert world.sample("rlhf_operator_job_restarts_total", **job, reason="TrainerFailed") == 1
+    assert world.sample("rlhf_operator_job_restarts_total", **job, reason="TrainerHung") == 0
+    assert world.sample("rlhf_operator_job_restart_count", **job) == 1
+    assert world.sample("rlhf_operator_job_max_restarts", **job) == 3
+    assert world.sample("rlhf_operator_job_phase", **job, phase="Recovering") == 1
+    assert world.sample("rlhf_operator_job_phase", **job, phase="Running") is None, "one phase"
+
+
+def test_each_job_has_series_of_its_progress_and_conditions_until_it_goes() -> None:
+    world = World()
+    world.running()
+    job = {"namespace": NAMESPACE, "rlhfjob": NAME}
+    world.kube.beat(T0 + timedelta(seconds=3), LeaseReport(step=2, step_changed=T0, attempt=0))
+    world.reconcile(3)
+    later = T0 + timedelta(seconds=4)
+    world.kube.beat(later, LeaseReport(step=6, step_changed=later, total_steps=10, attempt=0))
+    world.reconcile(4)
+    assert world.sample("rlhf_operator_job_step", **job) == 6
+    assert world.sample("rlhf_operator_job_total_steps", **job) == 10
+    assert world.sample("rlhf_operator_job_steps_per_second", **job) == 1.0
+    eta = world.sample("rlhf_operator_job_eta_timestamp_seconds", **job)
+    assert eta == (later + timedelta(seconds=4)).timestamp()
+    assert world.status["progress"]["stepsPerSecond"] == 1.0
+    assert world.sample("rlhf_operator_job_condition", **job, condition="Healthy") == 1
+    assert world.sample("rlhf_operator_job_condition", **job, condition="ClusterReady") == 1
+    del world.kube.jobs[NAME]
+    world.reconcile(5)
+    names = {s.name for family in world.metrics.registry.collect() for s in family.samples
+             if s.labels.get("rlhfjob") == NAME}  # fmt: skip
+    assert names == set(), "a deleted job leaves no series behind"
 
 
 def test_cleared_status_fields_are_written_as_null() -> None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from rlhf_trainer.adoption import DEFAULT_ADOPT_TIMEOUT_S, adoption_timeout_s, namespace_of
 from rlhfjob import contract
-from rlhfjob.api import RLHFJob
+from rlhfjob.api import ENV_TRAINER_METRICS_PORT, RLHFJob
 
-ENV_METRICS_PORT = "RLHF_TRAINER_METRICS_PORT"
-"""Port of the driver's Prometheus endpoint (unset: no endpoint)."""
+ENV_METRICS_PORT = ENV_TRAINER_METRICS_PORT
+"""Port of the driver's Prometheus endpoint (unset: no endpoint); the operator sets it."""
 ENV_ACTOR_LOGS = "RLHF_ACTOR_LOGS"
 """Set to 1 to forward the actors' own logs (DeepSpeed's, mostly) to the driver's output."""
 ENV_RAY_ADDRESS = "RAY_ADDRESS"
@@ -56,7 +56,7 @@ class RunContext:
     ) -> RunContext:
         """The context of a driver in `environ`; the command line's values win over it."""
         pod = contract.PodEnv.from_env(environ)
-        port = environ.get(ENV_METRICS_PORT)
+        port = environ.get(ENV_METRICS_PORT)  # strict: a port that is no number is a mistake
         return cls(
             job_name=pod.job_name,
             job_namespace=pod.job_namespace,

@@ -16,6 +16,8 @@ these annotations, a :class:`rlhfjob.contract.LeaseReport` encoded once for both
                                operator can ignore a stale writer from an earlier attempt
 ``rlhf.dev/rollout-engines``   ``<live>/<desired>`` rollout engines (``1/2`` while one of two
                                is lost or rejoining: rollout is elastic)
+``rlhf.dev/reward-mean``       mean reward of the last step (decimal number)
+``rlhf.dev/tokens-per-second`` generation throughput of the last step's rollout
 =============================  =============================================================
 
 A stale ``renewTime`` means the driver is hung or dead; a fresh ``renewTime`` with an old

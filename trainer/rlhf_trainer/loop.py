@@ -398,7 +398,11 @@ class Trainer:
             reward_components=result.reward_components,
             extra=extra,
         )
-        self.heartbeat.update(step=result.step)
+        self.heartbeat.update(
+            step=result.step,
+            reward_mean=result.reward_mean,
+            tokens_per_second=record["generated_tokens_per_second"],
+        )
         return record
 
     # -- the loop -----------------------------------------------------------------------------

@@ -75,6 +75,12 @@ METRIC_NAMES = (
     DATASET_PROMPTS,
 )
 
+RAY_OBJECT_STORE_MEMORY = "ray_object_store_memory"
+RAY_ACTORS = "ray_actors"
+RAY_METRIC_NAMES = (RAY_OBJECT_STORE_MEMORY, RAY_ACTORS)
+"""Ray's own metrics the dashboards show (every Ray node exports them on its `metrics` port,
+which the chart's PodMonitor scrapes); Ray names them, this module only lists them."""
+
 PHASE_LABEL = "phase"
 STATE_LABEL = "state"
 OUTCOME_LABEL = "outcome"
