@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rlhf_local import cluster
+from rlhf_local import cluster, procs
 from rlhf_local.harness import LocalCluster, wait_for
 from rlhf_operator.ray_auth import RayAuth
 from rlhfjob import api
@@ -226,13 +226,7 @@ class OperatorProcess:
             return bool(response.status == 200)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        procs.terminate(self.process)
         self.process = None
 
     def metrics(self) -> str:

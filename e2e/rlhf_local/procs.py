@@ -102,6 +102,18 @@ def kill_groups(pids: Iterable[int], grace: float = 15.0) -> None:
             return
 
 
+def terminate(process: subprocess.Popen[bytes] | None, grace: float = 30.0) -> None:
+    """SIGTERM a child this process started, SIGKILL it after `grace` seconds, and reap it."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
 def stop(pid_file: Path, grace: float = 15.0) -> bool:
     """Stop the process group recorded in `pid_file`; True when something was running."""
     pid = running(pid_file)

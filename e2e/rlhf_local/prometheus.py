@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from rlhf_local import procs
 from rlhf_local.harness import wait_for
 from rlhf_local.paths import REPO_ROOT
 
@@ -167,13 +168,7 @@ class Prometheus:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        procs.terminate(self.process)
         self.process = None
 
     def log_tail(self, lines: int = 40) -> str:
