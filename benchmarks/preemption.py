@@ -13,7 +13,8 @@ between two interval checkpoints.
 job; a higher-priority job arrives, Kueue evicts the first, which drains and gives its quota
 back once its pods are gone; the preemptor is deleted once admitted, and Kueue admits the first
 job again (results: `benchmarks/results/preemption-kueue.json`). `--via suspend` (the default):
-the job is suspended and resumed (`spec.suspend`), what a queue without Kueue's protocol does. Per run:
+the job is suspended and resumed (`spec.suspend`), what a queue without Kueue's protocol does.
+Per run:
 
 * ``steps_retrained``: steps trained a second time after the resume (the step log);
 * ``release_s``: preemption (the preemptor's creation, or the suspend) → the RayCluster is gone
