@@ -11,6 +11,8 @@ restarts). `apply_admission_policy` installs the chart's ValidatingAdmissionPoli
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import re
@@ -18,6 +20,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +151,31 @@ def remove_admission_policy(lc: LocalCluster, manifests: list[dict[str, Any]]) -
     for manifest in reversed(manifests):
         kind, name = manifest["kind"].lower(), manifest["metadata"]["name"]
         lc.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
+
+
+@contextlib.contextmanager
+def verb_revoked(lc: LocalCluster, resource: str, verb: str) -> Iterator[None]:
+    """The chart's roles without `verb` on `resource` (for example `rlhfjobs/status`) while the
+    block runs, then restored: a failure the operator cannot mend by itself, so every reconcile
+    that needs the verb fails until the block ends."""
+    originals = [
+        m for m in chart_manifests(*OPERATOR_VALUES)
+        if m["kind"] in {"ClusterRole", "Role"}
+        and any(resource in rule.get("resources", ()) for rule in m.get("rules", ()))
+    ]  # fmt: skip
+    assert originals, f"no role of the chart grants anything on {resource}"
+    for original in originals:
+        revoked = copy.deepcopy(original)
+        for rule in revoked["rules"]:
+            if resource in rule.get("resources", ()):
+                rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+        revoked["rules"] = [rule for rule in revoked["rules"] if rule["verbs"]]
+        lc.apply(revoked)
+    try:
+        yield
+    finally:
+        for original in originals:
+            lc.apply(original)
 
 
 def refusal(lc: LocalCluster, body: dict[str, Any]) -> str | None:

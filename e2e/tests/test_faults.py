@@ -9,7 +9,8 @@ tests are the failures that must end a job: one that keeps failing, and one retr
 A real Prometheus (`rlhf_local.prometheus`) scrapes the operator and every Ray pod for the whole
 module and evaluates the chart's alerts with durations of seconds: the frozen driver's case runs
 every dashboard query on what it scraped, and each alert is seen firing in the case that
-provokes it (a hung trainer, a lost rollout pod, the operator's restart).
+provokes it (a hung trainer, a lost rollout pod, the operator's restart, and failing
+reconciles: the operator's role loses a verb for a moment).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from rlhf_local import cluster, dashboards, faults
 from rlhf_local import prometheus as prom
 from rlhf_local.faults import TrainingRecord
 from rlhf_local.jobs import Jobs
-from rlhf_local.operator_process import OperatorProcess, metric_value
+from rlhf_local.operator_process import OperatorProcess, metric_value, verb_revoked
 from rlhf_local.paths import local_dir
 from rlhf_local.prometheus import Prometheus
 from rlhf_local.standin import SCRAPE_TARGETS
@@ -412,6 +413,14 @@ def test_7_operator_restart_mid_job_makes_no_duplicate_cluster_or_submission(
     )
     assert run.status()["phase"] == "Running", run.explain()
     assert run.cluster_uid() == cluster
+    # Reconciles that fail (the operator may no longer write the job's status) fire the
+    # reconcile-errors alert on the real Prometheus; with the verb back, the job goes on.
+    errors = 'rlhf_operator_reconciles_total{result="error"}'
+    failing_since, errors_before = time.time(), metric_value(operator.metrics(), errors)
+    with verb_revoked(run.jobs.lc, "rlhfjobs/status", "patch"):
+        wait_for(lambda: "RLHFJobOperatorReconcileErrors" in prometheus.fired(failing_since), 90,
+                 "the reconcile-errors alert to fire", details=run.explain)  # fmt: skip
+        assert metric_value(operator.metrics(), errors) > errors_before
     submissions = run.jobs.ray_submissions(run.name)
     assert len(submissions) == 1, f"{submissions}\n{run.explain()}"
     run.assert_recovered([])
