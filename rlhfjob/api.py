@@ -115,6 +115,12 @@ ENV_ATTEMPT = "RLHF_ATTEMPT"
 """Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
 ENV_TRAINER_METRICS_PORT = "RLHF_TRAINER_METRICS_PORT"
 """Where the trainer driver (on the head) serves its Prometheus metrics."""
+ENV_OBJECT_STORE_ACCESS_KEY_ID = "RLHF_OBJECT_STORE_ACCESS_KEY_ID"
+ENV_OBJECT_STORE_SECRET_ACCESS_KEY = "RLHF_OBJECT_STORE_SECRET_ACCESS_KEY"
+"""The checkpoint bucket's credentials in the head's container (where the driver uploads), from
+the keys `OBJECT_STORE_SECRET_KEYS` of `checkpoint.objectStore.credentialsSecret`."""
+OBJECT_STORE_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+"""The keys a checkpoint bucket's credentials Secret holds (the names S3 tools use)."""
 KUBERAY_GROUP = "ray.io"
 KUEUE_GROUP = "kueue.x-k8s.io"
 """Kueue's API group and label prefix: a job opts into queueing with its label
@@ -135,6 +141,8 @@ RESERVED_ENV = (
     ENV_JOB_CONFIG,
     ENV_ATTEMPT,
     ENV_TRAINER_METRICS_PORT,
+    ENV_OBJECT_STORE_ACCESS_KEY_ID,
+    ENV_OBJECT_STORE_SECRET_ACCESS_KEY,
     *KUBERAY_ENV,
 )
 RESERVED_KEY_DOMAINS = (GROUP, KUBERAY_GROUP, KUEUE_GROUP)
@@ -143,6 +151,9 @@ RESERVED_KEY_DOMAINS = (GROUP, KUBERAY_GROUP, KUEUE_GROUP)
 and their subdomains (a queue label on a pod would have Kueue queue each pod on its own)."""
 ENV_NAME_PATTERN = "^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 """An environment variable's name as the pod API checks it (a C identifier, `.` and `-` too)."""
+HTTP_URL_PATTERN = r"^https?://[^ \t\n\v\f\r/]+(/[^ \t\n\v\f\r]*)?$"
+"""An http(s) URL: a host, then an optional path, no whitespace (the classes spelled out: `\\s`
+means different things to Python and to the API server)."""
 DNS_LABEL_PATTERN = f"^{_DNS_LABEL}$"
 
 
@@ -1107,7 +1118,7 @@ class DatasetSpec(ApiModel):
 class RemoteRewardSpec(ApiModel):
     """An HTTP reward server the trainer calls, batched, with timeouts and retries."""
 
-    url: str = Field(pattern=r"^https?://[^ \t\n\v\f\r/]+(/[^ \t\n\v\f\r]*)?$", max_length=2048)
+    url: str = Field(pattern=HTTP_URL_PATTERN, max_length=2048)
     """The endpoint; requests are POSTed to this URL as is (for example
     `http://rm.team.svc:8000/classify`)."""
     protocol: Literal["rlhfjob", "classify"] = "rlhfjob"
@@ -1239,6 +1250,35 @@ class RewardSpec(ApiModel):
         return any(source.type == "model" for _, source, _ in self.sources())
 
 
+class ObjectStoreSpec(ApiModel):
+    """An S3-compatible bucket, the durable tier of the job's checkpoints. Training waits only
+    for the save to the checkpoint volume; the driver uploads complete checkpoints in the
+    background, the manifest last, so a partial upload is never chosen. A cluster whose volume
+    lacks the newest checkpoint (a new one, an empty volume) resumes from the bucket."""
+
+    bucket: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    """The bucket's name; it must exist. Checkpoints go under
+    `<prefix><namespace>/<job name>/step-<8 digits>/`."""
+    prefix: str = Field(default="", max_length=512, pattern=r"^([^/].*/)?$")
+    """Key prefix inside the bucket, ending in `/` (for example `team-a/`); empty: none."""
+    endpoint: str | None = Field(default=None, max_length=2048, pattern=HTTP_URL_PATTERN)
+    """The S3 API's URL (for example `https://s3.example.com`) for a store other than AWS;
+    unset: AWS's endpoint for the region. Buckets are addressed path-style at an endpoint."""
+    region: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9-]+$")
+    """The bucket's region (for example `us-east-1`); unset: the client's default."""
+    credentials_secret: ObjectName | None = None
+    """A Secret in the job's namespace with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,
+    given to the head's container only (the kubelet reads it; the operator never does). Unset:
+    the pod's ambient credentials (a workload identity, an instance profile)."""
+    interval_steps: int | None = Field(default=None, ge=1)
+    """Upload every this many steps: a multiple of checkpoint.intervalSteps, so the volume takes
+    frequent light saves and the bucket rarer ones. The last step's checkpoint and a drain's are
+    always uploaded. Unset: every checkpoint."""
+    keep_last: int | None = Field(default=None, ge=1, le=1000)
+    """Complete checkpoints the trainer keeps in the bucket; it deletes older ones of this job
+    (never anything else; the operator deletes none). Unset: checkpoint.keepLast."""
+
+
 class CheckpointSpec(ApiModel):
     """Where and how often the trainer checkpoints; the operator never deletes checkpoints."""
 
@@ -1255,8 +1295,30 @@ class CheckpointSpec(ApiModel):
     cluster is released while it trains (suspend, preemption): the operator asks it to stop,
     waits up to this long for it to exit, then releases the cluster anyway. 0: release at
     once; the job then resumes from its last interval checkpoint."""
+    object_store: ObjectStoreSpec | None = None
+    """An S3-compatible bucket checkpoints are also uploaded to, so they outlive the volume."""
 
-    cel_rules = (_free_mount_path("path"),)
+    cel_rules = (
+        _free_mount_path("path"),
+        CelRule(
+            "!has(self.objectStore) || !has(self.objectStore.intervalSteps)"
+            " || self.objectStore.intervalSteps % self.intervalSteps == 0",
+            "objectStore.intervalSteps must be a multiple of intervalSteps",
+            ".objectStore.intervalSteps",
+        ),
+    )
+
+    @property
+    def upload_interval_steps(self) -> int | None:
+        """Steps between uploads to the bucket; None without one."""
+        store = self.object_store
+        return None if store is None else (store.interval_steps or self.interval_steps)
+
+    @property
+    def bucket_keep_last(self) -> int | None:
+        """Complete checkpoints kept in the bucket; None without one."""
+        store = self.object_store
+        return None if store is None else (store.keep_last or self.keep_last)
 
 
 class RecoverySpec(ApiModel):

@@ -337,6 +337,32 @@ INVALID_CASES: list[InvalidCase] = [
     ),
     InvalidCase("keep-last-zero", _spec(checkpoint={"keepLast": 0}), "spec.checkpoint.keepLast"),
     InvalidCase(
+        "object-store-upload-interval-not-a-multiple",
+        _spec(
+            checkpoint={
+                "intervalSteps": 10,
+                "objectStore": {"bucket": "ckpts", "intervalSteps": 15},
+            }
+        ),
+        "spec.checkpoint.objectStore.intervalSteps",
+        "objectStore.intervalSteps must be a multiple of intervalSteps",
+    ),
+    InvalidCase(
+        "object-store-bucket-uppercase",
+        _spec(checkpoint={"objectStore": {"bucket": "My_Bucket"}}),
+        "spec.checkpoint.objectStore.bucket",
+    ),
+    InvalidCase(
+        "object-store-endpoint-not-a-url",
+        _spec(checkpoint={"objectStore": {"bucket": "ckpts", "endpoint": "s3.example.com"}}),
+        "spec.checkpoint.objectStore.endpoint",
+    ),
+    InvalidCase(
+        "object-store-prefix-without-slash",
+        _spec(checkpoint={"objectStore": {"bucket": "ckpts", "prefix": "team-a"}}),
+        "spec.checkpoint.objectStore.prefix",
+    ),
+    InvalidCase(
         "heartbeat-timeout-not-above-interval",
         _spec(liveness={"heartbeatIntervalSeconds": 30, "heartbeatTimeoutSeconds": 30}),
         "spec.liveness.heartbeatTimeoutSeconds",

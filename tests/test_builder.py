@@ -338,3 +338,26 @@ def test_a_job_may_opt_its_head_out_of_annotation_scraping() -> None:
     job = _job({"spec": {"head": {"pod": {"annotations": {"prometheus.io/scrape": "false"}}}}})
     head = builder.build_ray_cluster(job)["spec"]["headGroupSpec"]["template"]
     assert head["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
+
+
+def test_only_the_head_gets_the_checkpoint_buckets_credentials_by_reference() -> None:
+    """The driver uploads checkpoints from the head; the ranks never talk to the bucket."""
+    store = {"bucket": "ckpts", "endpoint": "http://s3.local:8333", "credentialsSecret": "s3"}
+    job = _job({"spec": {"checkpoint": {"objectStore": store}}})
+    objects = builder.build_owned_objects(job, "t0ken", "rlhfjob-system")
+    cluster = next(o for o in objects if o["kind"] == "RayCluster")
+    wanted = {"RLHF_OBJECT_STORE_ACCESS_KEY_ID", "RLHF_OBJECT_STORE_SECRET_ACCESS_KEY"}
+    for name, template in _templates(cluster).items():
+        env = {var["name"]: var for var in _container(template)["env"] if var["name"] in wanted}
+        if name != "head":
+            assert not env, name
+            continue
+        assert {var["valueFrom"]["secretKeyRef"]["key"] for var in env.values()} == {
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        }
+        assert all(var["valueFrom"]["secretKeyRef"]["name"] == "s3" for var in env.values())
+    # Without a Secret the pods use their ambient credentials: nothing is added.
+    ambient = _job({"spec": {"checkpoint": {"objectStore": {"bucket": "ckpts"}}}})
+    head = _templates(builder.build_ray_cluster(ambient))["head"]
+    assert not {var["name"] for var in _container(head)["env"]} & wanted

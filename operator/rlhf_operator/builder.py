@@ -178,7 +178,23 @@ def _pod_env(job: RLHFJob, role: str, pod: PodOverrides) -> list[dict[str, Any]]
         metrics_port=TRAINER_METRICS_PORT if role == "head" else None,
     )
     contract = [{"name": name, "value": value} for name, value in env.to_env().items()]
-    return contract + [var.wire() for var in pod.env]
+    credentials = _object_store_credentials(job) if role == "head" else []
+    return contract + credentials + [var.wire() for var in pod.env]
+
+
+def _object_store_credentials(job: RLHFJob) -> list[dict[str, Any]]:
+    """The checkpoint bucket's keys, by reference, for the driver (it runs on the head)."""
+    store = job.spec.checkpoint.object_store
+    if store is None or store.credentials_secret is None:
+        return []
+    names = (api.ENV_OBJECT_STORE_ACCESS_KEY_ID, api.ENV_OBJECT_STORE_SECRET_ACCESS_KEY)
+    return [
+        {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": store.credentials_secret, "key": key}},
+        }
+        for name, key in zip(names, api.OBJECT_STORE_SECRET_KEYS, strict=True)
+    ]
 
 
 def _whole_job(pods: PodDefaults | None) -> dict[str, Any]:

@@ -311,3 +311,48 @@ def test_an_explicit_rng_state_is_stored_instead(tmp_path: Path) -> None:
     assert found is not None
     ckpt.restore_rng_state(found.load_rng_state())
     assert draw_random_numbers() == expected
+
+
+def test_a_pinned_checkpoint_outlives_pruning_until_unpinned(tmp_path: Path) -> None:
+    """An upload under way keeps its checkpoint on the volume however many saves follow."""
+    store = CheckpointStore(tmp_path, keep_last=1)
+    write_checkpoint(store, 10)
+    store.pin(10)
+    store.pin(10)
+    write_checkpoint(store, 20)
+    write_checkpoint(store, 30)
+    assert existing_steps(store) == [10, 30]
+    store.unpin(10)
+    write_checkpoint(store, 40)
+    assert existing_steps(store) == [10, 40], "still pinned once"
+    store.unpin(10)
+    write_checkpoint(store, 50)
+    assert existing_steps(store) == [50]
+
+
+def _copy_into(source: Path, directory: Path) -> None:
+    for path in source.rglob("*"):
+        if path.is_file() and path.name != ckpt.MARKER_FILE:
+            target = directory / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+
+
+def test_an_imported_copy_appears_only_once_every_hash_verifies(tmp_path: Path) -> None:
+    """A download lands next to the checkpoints and is renamed into place after verifying."""
+    origin = CheckpointStore(tmp_path / "origin")
+    source = write_checkpoint(origin, 7)
+    store = CheckpointStore(tmp_path / "volume")
+    with store.importing(7) as directory:
+        _copy_into(source, directory)
+    imported = store.read(7)
+    assert imported.data_position == {"epoch": 0, "index": 7}
+    assert (store.step_dir(7) / ckpt.MARKER_FILE).is_file(), "prunable like any other"
+
+    # A corrupt copy (one flipped byte, same size) is refused and leaves no trace.
+    with pytest.raises(CheckpointError, match="hash mismatch"), store.importing(8) as directory:
+        _copy_into(write_checkpoint(origin, 8), directory)
+        shard = directory / "model" / "shard-0.bin"
+        shard.write_bytes(bytes([shard.read_bytes()[0] ^ 1]) + shard.read_bytes()[1:])
+    assert existing_steps(store) == [7]
+    assert [p.name for p in store.root.iterdir()] == [store.step_dir(7).name]

@@ -30,6 +30,7 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -289,6 +290,26 @@ class CheckpointStore:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.root = Path(root)
         self.keep_last = keep_last
+        self._pinned: dict[int, int] = {}
+        """Steps `prune` must keep however old (a checkpoint being uploaded), with counts."""
+        self._pin_lock = threading.Lock()
+
+    def pin(self, step: int) -> None:
+        """Keep `step` from pruning until as many `unpin` calls (an upload under way)."""
+        with self._pin_lock:
+            self._pinned[step] = self._pinned.get(step, 0) + 1
+
+    def unpin(self, step: int) -> None:
+        with self._pin_lock:
+            left = self._pinned.get(step, 0) - 1
+            if left > 0:
+                self._pinned[step] = left
+            else:
+                self._pinned.pop(step, None)
+
+    def read(self, step: int, verify_hashes: bool = True) -> Checkpoint:
+        """The complete checkpoint of `step` (`CheckpointError` when it is not)."""
+        return read_checkpoint(self.step_dir(step), verify_hashes=verify_hashes)
 
     def step_dir(self, step: int) -> Path:
         """Where the checkpoint for ``step`` lives once complete."""
@@ -333,6 +354,31 @@ class CheckpointStore:
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise
         logger.info("checkpoint for step %d complete at %s", step, final_dir)
+        self.prune()
+
+    @contextlib.contextmanager
+    def importing(self, step: int) -> Iterator[Path]:
+        """Context manager yielding a fresh directory to put a copy of checkpoint `step` into,
+        manifest included (a download). On exit the copy must verify, every hash, before it is
+        renamed into place; else it is deleted and `CheckpointError` says why."""
+        final_dir = self.step_dir(step)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.remove_leftovers()
+        temp_dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_DIR_PREFIX}{step:08d}-", dir=self.root))
+        (temp_dir / MARKER_FILE).write_text("created by rlhf_trainer.checkpoint\n")
+        try:
+            yield temp_dir
+            copied = read_checkpoint(temp_dir, verify_hashes=True)
+            if copied.step != step:
+                raise CheckpointError(f"{temp_dir}: manifest says step {copied.step}, not {step}")
+            for file_path in _content_files(temp_dir):
+                _fsync_path(file_path)
+            _fsync_path(temp_dir)
+            self._move_into_place(temp_dir, final_dir)
+        except BaseException:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+        logger.info("checkpoint for step %d imported at %s", step, final_dir)
         self.prune()
 
     def _write_manifest(
@@ -426,8 +472,10 @@ class CheckpointStore:
             return []
 
         deleted = []
+        with self._pin_lock:
+            pinned = set(self._pinned)
         for step, path in self.step_dirs():
-            if step < oldest_kept_step and (path / MARKER_FILE).is_file():
+            if step < oldest_kept_step and step not in pinned and (path / MARKER_FILE).is_file():
                 shutil.rmtree(path)
                 deleted.append(path)
                 logger.info("pruned checkpoint %s", path)
