@@ -42,7 +42,6 @@ from rlhf_trainer.batch import Batch, build_batch
 from rlhf_trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
-    CheckpointStore,
     read_checkpoint,
     restore_rng_state,
 )
@@ -56,6 +55,7 @@ from rlhf_trainer.experience import (
     ppo_advantages,
 )
 from rlhf_trainer.heartbeat import make_heartbeat
+from rlhf_trainer.object_store import TieredCheckpoints
 from rlhf_trainer.rollout import SamplingParams
 from rlhf_trainer.seeds import step_seed
 from rlhf_trainer.startup import Inputs as Inputs  # re-exported: callers load inputs from here
@@ -142,7 +142,7 @@ class Trainer:
         self.context = context
         self.total_steps = topology.total_steps(spec, len(inputs.prompts))
         self.run_dir = Path(contract.checkpoint_dir(job))
-        self.store = CheckpointStore(self.run_dir, keep_last=spec.checkpoint.keep_last)
+        self.store = TieredCheckpoints.for_job(job, self.run_dir)
         self.data = self._prompt_iterator(DataPosition())
         self.attempt = context.attempt
         self.metrics = m.TrainerMetrics(jsonl_path=self.run_dir / STEP_LOG, attempt=self.attempt)
@@ -260,12 +260,17 @@ class Trainer:
             step=self.step, checkpoint_step=checkpoint.step, checkpoint_path=str(checkpoint.path)
         )
 
-    def save_checkpoint(self) -> None:
-        """Every rank writes its DeepSpeed shards into one directory that appears atomically."""
+    def save_checkpoint(self, upload: bool = False) -> None:
+        """Every rank writes its DeepSpeed shards into one directory that appears atomically;
+        with a bucket, it is uploaded in the background when on the upload interval or
+        `upload` says so."""
         with self.phase(m.PHASE_CHECKPOINT):
             extra = {"policy_version": self.version, "total_steps": self.total_steps}
             position = self.data.position.to_json()
-            with self.store.writing(self.step, data_position=position, extra=extra) as directory:
+            writing = self.store.writing(
+                self.step, data_position=position, extra=extra, upload=upload
+            )
+            with writing as directory:
                 WorkerGroup.wait([r for g in self.groups for r in g.submit("save", str(directory))])
         self.checkpointed_step = self.step
         self.metrics.record_checkpoint()
@@ -420,12 +425,26 @@ class Trainer:
             # (the checkpoint's own time is counted in the next step's record).
             self.log(progress_line(self.record(self.run_step()), self.total_steps))
             if self.step % interval == 0 or self.step == self.total_steps:
-                self.save_checkpoint()
+                self.save_checkpoint(upload=self.step == self.total_steps)
         if self.step > 0 and self.checkpointed_step != self.step:
-            self.save_checkpoint()
+            self.save_checkpoint(upload=True)
+        self.finish_uploads()
         if self.stop_requested_at is not None:
             self.heartbeat.update(checkpoint_saved_step=self.checkpointed_step)
         return self.step >= self.total_steps
+
+    def finish_uploads(self) -> None:
+        """Before the driver leaves (the end, a drain, SIGTERM), its last checkpoint reaches the
+        bucket: queued if the upload interval skipped it, then every upload waited for (a drain
+        within its grace period, which the operator enforces)."""
+        uploader = self.store.uploader
+        if uploader is None or self.checkpointed_step is None:
+            return
+        if uploader.submitted_step != self.checkpointed_step:
+            uploader.submit(self.checkpointed_step)
+        with self.phase(m.PHASE_CHECKPOINT):
+            self.store.flush()
+        self.log(f"checkpoints in the bucket up to step {uploader.uploaded_step}")
 
     def _stop_requested(self, when: datetime) -> None:
         """The operator's drain (heartbeat thread): stop like on SIGTERM, after this step."""

@@ -241,7 +241,9 @@ class Uploader:
         self._idle = threading.Condition()
         self._pending = 0
         self.uploaded_step: int | None = None
-        """The newest step known complete in the bucket."""
+        """The newest step this uploader completed in the bucket."""
+        self.submitted_step: int | None = None
+        """The step last queued."""
         self.failures = 0
         self.seconds = 0.0
         """Time spent uploading, in total (off the training thread)."""
@@ -251,6 +253,7 @@ class Uploader:
     def submit(self, step: int) -> None:
         """Queue a complete checkpoint of the volume; it stays unpruned until uploaded."""
         self.store.pin(step)
+        self.submitted_step = step
         with self._idle:
             self._pending += 1
         self._queue.put(step)
