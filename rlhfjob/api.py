@@ -115,6 +115,9 @@ ENV_ATTEMPT = "RLHF_ATTEMPT"
 """Which restart this driver is (0 first); written into the Lease so stale writers are ignored."""
 ENV_TRAINER_METRICS_PORT = "RLHF_TRAINER_METRICS_PORT"
 """Where the trainer driver (on the head) serves its Prometheus metrics."""
+ENV_TRAINER_REPLICAS = "RLHF_TRAINER_REPLICAS"
+"""Trainer replicas a Ray job submission trains with, when an elastic trainer runs on fewer
+than roles.trainer.replicas (unset: all)."""
 ENV_OBJECT_STORE_ACCESS_KEY_ID = "RLHF_OBJECT_STORE_ACCESS_KEY_ID"
 ENV_OBJECT_STORE_SECRET_ACCESS_KEY = "RLHF_OBJECT_STORE_SECRET_ACCESS_KEY"
 """The checkpoint bucket's credentials in the head's container (where the driver uploads), from
@@ -141,6 +144,7 @@ RESERVED_ENV = (
     ENV_JOB_CONFIG,
     ENV_ATTEMPT,
     ENV_TRAINER_METRICS_PORT,
+    ENV_TRAINER_REPLICAS,
     ENV_OBJECT_STORE_ACCESS_KEY_ID,
     ENV_OBJECT_STORE_SECRET_ACCESS_KEY,
     *KUBERAY_ENV,
@@ -773,10 +777,33 @@ class RoleSpec(ApiModel):
 
 
 class TrainerRoleSpec(RoleSpec):
-    """The DeepSpeed ZeRO-3 policy trainer: one rank (Ray actor) per GPU, or per replica on CPU."""
+    """The DeepSpeed ZeRO-3 policy trainer: one rank (Ray actor) per GPU, or per replica on CPU.
+
+    Elastic with `minReplicas`: when trainer pods are lost and not replaced within
+    `replacementTimeoutSeconds`, training restarts from the newest checkpoint on the replicas
+    left (the job is Degraded), and grows back to `replicas` at a checkpoint once they return.
+    The global batch (rows per step) and the data position carry over: each rank takes more
+    rows, so a step means the same thing on any number of ranks."""
+
+    min_replicas: int | None = Field(default=None, ge=1)
+    """Fewest replicas training may restart with; unset: `replicas` (not elastic, the job
+    waits for every trainer pod)."""
+    replacement_timeout_seconds: int = Field(default=300, ge=0, le=86400)
+    """Seconds lost trainer pods may take to come back before an elastic trainer restarts on
+    fewer replicas (0: at once)."""
+
+    @property
+    def effective_min_replicas(self) -> int:
+        """`minReplicas` with its default applied."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
 
     cel_rules = (
         CelRule("self.replicas >= 1", "the trainer needs at least 1 replica", ".replicas"),
+        CelRule(
+            "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+            "minReplicas must not exceed replicas",
+            ".minReplicas",
+        ),
     )
 
 
@@ -927,6 +954,13 @@ class Roles(ApiModel):
             " || self.trainer.gpus % self.rollout.tensorParallelSize == 0",
             "colocated engines need roles.trainer.gpus to be a multiple of tensorParallelSize",
             ".rollout.tensorParallelSize",
+        ),
+        CelRule(
+            f"self.rollout.placement != '{COLOCATED}' || !has(self.trainer.minReplicas)"
+            " || self.trainer.minReplicas == self.trainer.replicas",
+            "an elastic trainer (minReplicas below replicas) needs a disaggregated rollout:"
+            " colocated engines live in the trainer's ranks",
+            ".trainer.minReplicas",
         ),
     )
 
@@ -1645,6 +1679,15 @@ class RLHFJobStatus(ApiModel):
     """The newest complete checkpoint; a restart resumes from it."""
     progress: Progress | None = None
     """Steps per second, the estimated end and the latest reward (from the heartbeat)."""
+    trainer_replicas: int | None = None
+    """Trainer replicas the running trainer trains with, when an elastic trainer runs below
+    roles.trainer.replicas (the job is then Degraded); unset: all of them."""
+    trainer_short_since: datetime | None = None
+    """Since when fewer trainer pods than the trainer needs have been Ready (RFC 3339): an
+    elastic trainer's replacement timeout counts from it."""
+    resizes: int = 0
+    """Times the trainer was restarted on a different number of replicas (not failures: they
+    count against no restart budget)."""
     restart_count: int = 0
     """Restarts so far; the job fails (RestartsExhausted) when one more would exceed
     spec.recovery.maxRestarts."""

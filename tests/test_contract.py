@@ -191,7 +191,7 @@ def test_event_reasons_are_the_words_the_operator_always_used() -> None:
     assert {str(reason) for reason in EventReason} == {
         "Provisioning", "Submitted", "Running", "Succeeded", "Suspended", "Resumed",
         "Degraded", "ReplicasRestored", "BelowReplicas", "AllReplicas",
-        "Draining", "Drained", "DrainTimedOut", "NodeDrained",
+        "Draining", "Drained", "DrainTimedOut", "NodeDrained", "Resizing",
         "Queued", "Admitted", "Preempted", "QuotaReleased",
     }  # fmt: skip
 

@@ -46,6 +46,9 @@ from rlhfjob.api import (
 )
 from rlhfjob.contract import EventReason, ExitCode, FailureReason, FinalStatus, RestartReason
 
+TRAINER = "trainer"
+"""The trainer's role (its worker group's name)."""
+
 # ---------------------------------------------------------------------------------------------
 # What to do
 
@@ -64,6 +67,8 @@ class DeleteCluster:
 class SubmitRayJob:
     submission_id: str
     resume: bool
+    trainer_replicas: int | None = None
+    """An elastic trainer started on fewer replicas than the spec's; None: all."""
 
 
 @dataclass(frozen=True)
@@ -395,6 +400,7 @@ class _Planner:
             self.status.observed_generation = self.job.metadata.generation
         self.status.total_steps = self.job.spec.algorithm.total_steps or self.status.total_steps
         self.record_heartbeat()
+        self.note_trainer_pods()
         workload = self.seen.workload
         if self.status.phase.terminal:
             self.after_finish()
@@ -408,6 +414,8 @@ class _Planner:
             self.wait_for_admission()
         elif self.draining() == EventReason.NODE_DRAINED or self.seen.drained_nodes:
             self.move_off_drained_nodes()
+        elif self.draining() == EventReason.RESIZING:
+            self.grow_back()
         elif self.deadline_passed():
             pass
         else:
@@ -437,6 +445,18 @@ class _Planner:
                 self.status.last_checkpoint = CheckpointRef(
                     step=beat.checkpoint_step, path=beat.checkpoint_path, time=beat.renewed
                 )
+
+    def note_trainer_pods(self) -> None:
+        """Since when the trainer has had fewer Ready pods than replicas: an elastic trainer's
+        replacement timeout counts from then."""
+        cluster = self.seen.cluster
+        if cluster is not None and not cluster.pods_read:
+            return  # unknown this time: keep what the last reading said
+        view = cluster.roles.get(TRAINER) if cluster is not None else None
+        if view is None or view.ready >= view.desired:
+            self.status.trainer_short_since = None
+        elif self.status.trainer_short_since is None:
+            self.status.trainer_short_since = self.seen.now
 
     def note_resumed(self, beat: HeartbeatView) -> None:
         """The first step the restarted trainer finishes past its checkpoint ends a recovery."""
@@ -898,6 +918,9 @@ class _Planner:
             self.condition(TRAINER_RUNNING, True, EventReason.RUNNING)
             if self.trainer_unresponsive(ray_job):
                 return
+            if self.trainer_pods_back():
+                self.grow_back()
+                return
             shortfall = self.elastic_shortfall()
             self.show_degraded(shortfall)
             message = self.progress_message()
@@ -922,8 +945,9 @@ class _Planner:
         else:
             self.restart(RestartReason.TRAINER_FAILED, summary, last_alive=ray_job.ended)
 
-    def roles_below_minimum(self, *, include_elastic: bool = True) -> str:
-        """Roles with fewer Ready pods than training needs, e.g. ``trainer 1/2 pods ready``."""
+    def roles_below_minimum(self, *, include_elastic: bool = True, skip: str = "") -> str:
+        """Roles with fewer Ready pods than training needs, e.g. ``trainer 1/2 pods ready``
+        (the trainer needs all: an elastic one goes on with fewer only by `elastic_trainer`)."""
         cluster = self.seen.cluster
         if cluster is None:
             return ""
@@ -931,7 +955,7 @@ class _Planner:
         for role, spec in self.job.spec.roles.enabled().items():
             view = cluster.roles.get(role)
             elastic = isinstance(spec, ElasticRoleSpec)
-            if view is None or (elastic and not include_elastic):
+            if view is None or (elastic and not include_elastic) or role == skip:
                 continue
             minimum = view.desired
             if isinstance(spec, ElasticRoleSpec):
@@ -940,9 +964,49 @@ class _Planner:
                 short.append(f"{role} {view.ready}/{view.desired} pods ready")
         return ", ".join(short)
 
+    def elastic_trainer(self) -> int | None:
+        """Replicas an elastic trainer short of Ready pods starts on now: the Ready ones, once
+        the lost pods have had `replacementTimeoutSeconds` to come back, never fewer than
+        `minReplicas`. None: wait for every pod (not elastic, too few, or not yet)."""
+        trainer = self.job.spec.roles.trainer
+        cluster, since = self.seen.cluster, self.status.trainer_short_since
+        view = cluster.roles.get(TRAINER) if cluster is not None else None
+        if view is None or since is None or view.ready < trainer.effective_min_replicas:
+            return None
+        left = trainer.replacement_timeout_seconds - self.waited(since)
+        if left > 0:
+            self.requeue(left)
+            return None
+        return view.ready
+
+    def trainer_pods_back(self) -> bool:
+        """An elastic trainer running on fewer replicas has every pod Ready again."""
+        cluster, running = self.seen.cluster, self.status.trainer_replicas
+        view = cluster.roles.get(TRAINER) if cluster is not None else None
+        return running is not None and view is not None and view.ready >= view.desired > running
+
+    def grow_back(self) -> None:
+        """Every trainer pod is back: the trainer checkpoints its step and stops (a drain that
+        keeps the cluster), then restarts on all its replicas from that checkpoint. A resize,
+        not a failure: it counts against no restart budget and waits for no backoff."""
+        desired = self.job.spec.roles.trainer.replicas
+        running = self.status.trainer_replicas
+        if self.drain(f"every trainer pod is back ({desired}/{desired})", EventReason.RESIZING):
+            return
+        self.status.trainer_replicas = None
+        self.status.resizes += 1
+        self.restart(
+            RestartReason.TRAINER_RESIZED,
+            f"the trainer grows from {running} to {desired} replicas",
+            last_alive=self.seen.now,
+        )
+
     def elastic_shortfall(self) -> str:
         """Elastic roles running below their replica count, from the pods and the trainer."""
         short: list[str] = []
+        running, desired = self.status.trainer_replicas, self.job.spec.roles.trainer.replicas
+        if running is not None and running < desired:
+            short.append(f"trainer {running}/{desired} replicas")
         cluster = self.seen.cluster
         elastic = {
             r for r, s in self.job.spec.roles.enabled().items() if isinstance(s, ElasticRoleSpec)
@@ -1028,16 +1092,18 @@ class _Planner:
             )
             self.requeue(1)
             return
-        restarts = self.status.restart_count
-        if restarts and self.status.restart_history:
-            due = _after(self.status.restart_history[-1].time, backoff_seconds(self.job, restarts))
+        failures, history = self.failures(), self.status.restart_history
+        if failures and history and history[-1].reason != RestartReason.TRAINER_RESIZED:
+            due = _after(history[-1].time, backoff_seconds(self.job, failures))
             if self.seen.now < due:
                 self.requeue((due - self.seen.now).total_seconds())
                 return
         missing = self.roles_below_minimum()
-        if missing:
+        replicas = self.elastic_trainer() if missing else None
+        if missing and (replicas is None or self.roles_below_minimum(skip=TRAINER)):
             # The ZeRO-3 group needs all its ranks; submitting now would only queue actors.
             self.status.message = f"waiting for Ray pods before starting the trainer: {missing}"
+            self.status.message += self.elastic_hint()
             self.requeue(2)
             return
         if self.seen.submit_error is not None:
@@ -1052,8 +1118,17 @@ class _Planner:
         resume = self.status.last_checkpoint is not None or self.status.restart_count > 0 or drained
         if self.seen.heartbeat is not None and self.seen.heartbeat.stop_requested_at is not None:
             self.act(ClearStopRequest())  # an old drain's request: the new driver must not obey
-        self.act(SubmitRayJob(self.attempt_id(), resume=resume))
+        self.act(SubmitRayJob(self.attempt_id(), resume=resume, trainer_replicas=replicas))
         self.status.submission_id = self.attempt_id()
+        self.status.trainer_replicas = replicas
+        if replicas is not None:
+            desired = self.job.spec.roles.trainer.replicas
+            self.event(
+                "Warning",
+                EventReason.DEGRADED,
+                f"the trainer starts on {replicas} of {desired} replicas: its lost pods were not"
+                f" replaced within {self.job.spec.roles.trainer.replacement_timeout_seconds}s",
+            )
         if self.status.phase != Phase.RUNNING:
             self.enter(Phase.RUNNING, "trainer submitted", reason=EventReason.SUBMITTED)
         self.condition(TRAINER_RUNNING, False, EventReason.SUBMITTED, self.attempt_id())
@@ -1072,7 +1147,8 @@ class _Planner:
     ) -> None:
         """Climb the recovery ladder one rung, or fail when the budget is spent."""
         budget = self.job.spec.recovery.max_restarts
-        if self.status.restart_count >= budget:
+        resize = reason == RestartReason.TRAINER_RESIZED
+        if not resize and self.failures() >= budget:
             self.finish(
                 Phase.FAILED,
                 FailureReason.RESTARTS_EXHAUSTED,
@@ -1093,12 +1169,24 @@ class _Planner:
         self.status.restart_count += 1
         self.status.restart_history = [*self.status.restart_history, record][-MAX_RESTART_HISTORY:]
         resumed = f"step {checkpoint.step}" if checkpoint else "the start"
-        self.enter(
-            Phase.RECOVERING,
-            f"restart {self.status.restart_count}/{budget} from {resumed}: {message}",
-            reason=reason,
-        )
-        self.requeue(backoff_seconds(self.job, self.status.restart_count))
+        which = "a resize" if resize else f"restart {self.failures()}/{budget}"
+        self.enter(Phase.RECOVERING, f"{which} from {resumed}: {message}", reason=reason)
+        self.requeue(0 if resize else backoff_seconds(self.job, self.failures()))
+
+    def failures(self) -> int:
+        """Restarts that spend the budget: every one but an elastic trainer's resizes."""
+        return self.status.restart_count - self.status.resizes
+
+    def elastic_hint(self) -> str:
+        """For a waiting elastic trainer: when it would start on the pods it has."""
+        trainer, since = self.job.spec.roles.trainer, self.status.trainer_short_since
+        if trainer.effective_min_replicas >= trainer.replicas or since is None:
+            return ""
+        left = trainer.replacement_timeout_seconds - self.waited(since)
+        least = trainer.effective_min_replicas
+        if left <= 0:
+            return f" (the elastic trainer needs at least {least} Ready)"
+        return f" (the elastic trainer starts on the Ready ones, at least {least}, in {left:.0f}s)"
 
     def progress_message(self) -> str:
         step, total = self.status.current_step, self.status.total_steps

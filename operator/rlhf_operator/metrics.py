@@ -103,7 +103,8 @@ class OperatorMetrics:
             registry=r,
         )
         self.job_restart_count = Gauge(
-            JOB_RESTART_COUNT, "Restarts of the RLHFJob so far (status.restartCount)", JOB_LABELS,
+            JOB_RESTART_COUNT, "Restarts of the RLHFJob that spend its budget (status.restartCount"
+            " less status.resizes)", JOB_LABELS,
             registry=r,
         )  # fmt: skip
         self.job_max_restarts = Gauge(
@@ -151,7 +152,7 @@ class OperatorMetrics:
                 known.add((self.job_restarts, (*key, reason.value)))
         current: dict[tuple[Gauge | Counter, tuple[str, ...]], float | None] = {
             (self.job_phase, (*key, status.phase.value)): 1,
-            (self.job_restart_count, key): status.restart_count,
+            (self.job_restart_count, key): status.restart_count - status.resizes,
             (self.job_max_restarts, key): job.spec.recovery.max_restarts,
             (self.job_step, key): status.current_step,
             (self.job_total_steps, key): status.total_steps,

@@ -207,7 +207,7 @@ class Reconciler:
         name = names.ray_cluster_name(job)
         cluster_body = await self.kube.get_ray_cluster(namespace, name)
         ray_job = previous_ray_job = dashboard_error = problem = warning = lease = None
-        pods: list[Any] = []
+        pods: list[Any] | None = None  # None: not read this time (its views are unknown)
         # Ready, deleting and the dashboard come from the RayCluster alone.
         shell = cluster_view(job, cluster_body, [], now)
         queued = queueing.queue_name(job) is not None
@@ -232,15 +232,16 @@ class Reconciler:
                 )
         elif not shell.ready and not shell.deleting:
             # Why the pods are not there yet; read only now, so a ready cluster costs nothing.
-            pods, events = await asyncio.gather(
+            read, events = await asyncio.gather(
                 self.kube.cluster_pods(namespace, name), self.kube.cluster_events(namespace, name)
             )
-            problem = scheduling_problem(pods)
-            warning = cluster_warning(events, cluster_body, pods, now)
+            problem = scheduling_problem(read)
+            warning = cluster_warning(events, cluster_body, read, now)
+            pods = read
         else:
             pods = await self.kube.cluster_pods(namespace, name)
         drained: tuple[str, ...] = ()
-        if ray_job is not None and ray_job.active and (on := trainer_nodes(pods)):
+        if ray_job is not None and ray_job.active and (on := trainer_nodes(pods or [])):
             drained = tuple(sorted(on & await self._cordoned_nodes()))
         if queued and shell is not None:
             workload_body = await self.kube.get_workload(namespace, names.workload_name(job))
@@ -248,7 +249,7 @@ class Reconciler:
             job=job,
             now=now,
             created=created,
-            cluster=cluster_view(job, cluster_body, pods, now),
+            cluster=cluster_view(job, cluster_body, pods or [], now, pods_read=pods is not None),
             ray_job=ray_job,
             previous_ray_job=previous_ray_job,
             dashboard_error=dashboard_error,
@@ -257,7 +258,7 @@ class Reconciler:
             cluster_warning=warning,
             drained_nodes=drained,
             workload=queueing.workload_view(workload_body),
-            pods_left=len(pods) if shell is None else 0,
+            pods_left=len(pods or []) if shell is None else 0,
         )
 
     async def _cordoned_nodes(self) -> frozenset[str]:
@@ -469,7 +470,10 @@ class Reconciler:
         """Submit the Ray job; the error when Ray did not take it."""
         attempt = str(job.status.restart_count if job.status else 0)
         env = PodEnv(
-            job_name=job.metadata.name, job_namespace=job.metadata.namespace, attempt=int(attempt)
+            job_name=job.metadata.name,
+            job_namespace=job.metadata.namespace,
+            attempt=int(attempt),
+            trainer_replicas=action.trainer_replicas,
         ).to_env()
         metadata = {"rlhfjob": job.metadata.name, "attempt": attempt}
         self.metrics.submissions.inc()

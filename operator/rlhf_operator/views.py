@@ -63,6 +63,8 @@ class ClusterView:
     created: datetime
     ready: bool
     """KubeRay's `status.state == ready`: all pods were running and ready once (it stays so)."""
+    pods_read: bool = True
+    """Whether the pods were read for this view: when not, `roles` is empty (unknown)."""
     deleting: bool = False
     dashboard: str | None = None
     """Where the operator reaches the Ray dashboard (head Service, or the local stand-in)."""
@@ -452,9 +454,15 @@ def head_not_ready_since(cluster: dict[str, Any], now: datetime) -> datetime | N
 
 
 def cluster_view(
-    job: RLHFJob, body: dict[str, Any] | None, pods: list[Any], now: datetime
+    job: RLHFJob,
+    body: dict[str, Any] | None,
+    pods: list[Any],
+    now: datetime,
+    *,
+    pods_read: bool = True,
 ) -> ClusterView | None:
-    """The RayCluster `body` (None: there is none) and its pods, as the policy needs them."""
+    """The RayCluster `body` (None: there is none) and its pods, as the policy needs them;
+    `pods_read` false: the pods were not read this time, so no role view is given."""
     if body is None:
         return None
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
@@ -471,7 +479,8 @@ def cluster_view(
         dashboard=(dashboard if isinstance(dashboard, str) else None) or names.dashboard_url(job),
         head_not_ready_since=head_not_ready_since(body, now),
         head_created=head_created(pods),
-        roles=role_views(body, pods),
+        roles=role_views(body, pods) if pods_read else {},
+        pods_read=pods_read,
     )
 
 

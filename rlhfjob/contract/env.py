@@ -17,6 +17,7 @@ from rlhfjob.api import (
     ENV_JOB_NAMESPACE,
     ENV_ROLE,
     ENV_TRAINER_METRICS_PORT,
+    ENV_TRAINER_REPLICAS,
 )
 
 TRAINER_METRICS_PORT = 9400
@@ -30,6 +31,7 @@ _NAMES = {
     "job_config": ENV_JOB_CONFIG,
     "attempt": ENV_ATTEMPT,
     "metrics_port": ENV_TRAINER_METRICS_PORT,
+    "trainer_replicas": ENV_TRAINER_REPLICAS,
 }
 
 
@@ -46,6 +48,9 @@ class PodEnv:
     """Only Ray job submissions carry it: pods outlive attempts."""
     metrics_port: int | None = None
     """Where the trainer driver serves its metrics; only the head, where the driver runs."""
+    trainer_replicas: int | None = None
+    """Only Ray job submissions of an elastic trainer below its replicas carry it: the trainer
+    replicas this driver trains with."""
 
     def to_env(self) -> dict[str, str]:
         """The variables, in field order (manifests stay byte-identical)."""
@@ -54,11 +59,16 @@ class PodEnv:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> PodEnv:
-        """Read it back; unset or empty is None, and an unreadable attempt counts as unset."""
+        """Read it back; unset or empty is None, and an unreadable number counts as unset."""
         found = {field: environ.get(name) or None for field, name in _NAMES.items()}
-        attempt, port = found.pop("attempt"), found.pop("metrics_port")
+
+        def number(field: str) -> int | None:
+            text = found.pop(field)
+            return int(text) if text and text.isdigit() else None
+
         return cls(
+            attempt=number("attempt"),
+            metrics_port=number("metrics_port"),
+            trainer_replicas=number("trainer_replicas"),
             **found,
-            attempt=int(attempt) if attempt and attempt.isdigit() else None,
-            metrics_port=int(port) if port and port.isdigit() else None,
         )

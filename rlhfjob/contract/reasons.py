@@ -25,6 +25,9 @@ class RestartReason(StrEnum):
     """The Ray head (and with it every job and actor) is gone."""
     CLUSTER_UNHEALTHY = "ClusterUnhealthy"
     """The RayCluster or its dashboard stayed unhealthy past `clusterRecoveryTimeoutSeconds`."""
+    TRAINER_RESIZED = "TrainerResized"
+    """Not a failure: an elastic trainer running on fewer replicas had every pod back, so it
+    checkpointed its step and restarted on all of them. It counts against no budget."""
 
 
 class FailureReason(StrEnum):
@@ -67,6 +70,9 @@ class EventReason(StrEnum):
     """It did not stop within `checkpoint.stopGracePeriodSeconds`: released anyway."""
     NODE_DRAINED = "NodeDrained"
     """A trainer pod's node is being drained: the job checkpoints and moves off it."""
+    RESIZING = "Resizing"
+    """An elastic trainer below its replicas has every pod back: it checkpoints its step and
+    stops, then restarts on all of them (the Draining condition's reason)."""
     QUEUED = "Queued"
     """The job waits in its Kueue LocalQueue; no pod exists before Kueue admits it."""
     ADMITTED = "Admitted"

@@ -1159,3 +1159,100 @@ def test_a_condition_forgotten_for_a_new_provisioning_still_starts_a_new_clock()
     resumed = decide(Observed(job=job, now=at(90), created=at(0)))
     ready = next(c for c in resumed.status.conditions if c.type == "ClusterReady")
     assert (ready.status, ready.last_transition_time) == ("False", at(90))
+
+
+# -- an elastic trainer (roles.trainer.minReplicas): fewer ranks, then back to all ---------------
+
+ELASTIC = {"trainer": {"replicas": 2, "minReplicas": 1, "replacementTimeoutSeconds": 60}}
+
+
+def elastic_world(status: dict[str, Any], now: float, trainer: tuple[int, int], **seen: Any):
+    job = make_job(status, recovery={"backoffSeconds": 30}, roles=ELASTIC)
+    return Observed(job=job, now=at(now), created=at(0), cluster=with_roles(trainer=trainer),
+                    **seen)  # fmt: skip
+
+
+def test_an_elastic_trainer_waits_for_lost_pods_then_starts_on_the_ready_ones() -> None:
+    lost = running(1, phase="Recovering", observedGeneration=1)
+    waiting = decide(elastic_world(lost, 100, (1, 2)))
+    assert SubmitRayJob not in kinds(waiting)
+    assert "trainer 1/2 pods ready" in waiting.status.message
+    assert "starts on the Ready ones, at least 1, in 60s" in waiting.status.message
+    assert waiting.status.trainer_short_since == at(100)
+    assert waiting.requeue_after is not None and waiting.requeue_after <= 60
+
+    still = decide(elastic_world(waiting.status.wire(), 159, (1, 2)))
+    assert SubmitRayJob not in kinds(still)
+    started = decide(elastic_world(waiting.status.wire(), 160, (1, 2)))
+    assert SubmitRayJob("job-12345678-1", resume=True, trainer_replicas=1) in started.actions
+    assert started.status.trainer_replicas == 1
+    (warning,) = [e for e in started.events if e.reason == "Degraded"]
+    assert warning.type == "Warning" and "starts on 1 of 2 replicas" in warning.message
+
+    # A pod that comes back in time: the trainer starts on all of them.
+    back = decide(elastic_world(waiting.status.wire(), 130, (2, 2)))
+    assert SubmitRayJob("job-12345678-1", resume=True) in back.actions
+    assert back.status.trainer_short_since is None and back.status.trainer_replicas is None
+
+
+@pytest.mark.parametrize(
+    ("trainer", "ready", "words"),
+    [
+        ({"replicas": 2}, 1, "trainer 1/2 pods ready"),  # not elastic: waits for every pod
+        ({"replicas": 3, "minReplicas": 2}, 1, "needs at least 2 Ready"),  # below the minimum
+    ],
+)
+def test_a_trainer_never_starts_below_its_minimum(
+    trainer: dict[str, Any], ready: int, words: str
+) -> None:
+    status = running(1, phase="Recovering", observedGeneration=1, trainerShortSince=at(0))
+    job = make_job(status, recovery={"backoffSeconds": 0}, roles={"trainer": trainer})
+    replicas = trainer["replicas"]
+    plan = decide(Observed(job=job, now=at(10_000), created=at(0),
+                           cluster=with_roles(trainer=(ready, replicas))))  # fmt: skip
+    assert SubmitRayJob not in kinds(plan)
+    assert words in plan.status.message
+
+
+def test_a_trainer_on_fewer_replicas_is_degraded_and_grows_back_at_a_checkpoint() -> None:
+    degraded = submitted(1, trainerReplicas=1, currentStep=12, restartHistory=[
+        {"time": at(50).isoformat(), "reason": "TrainerPodLost"}])  # fmt: skip
+    beat = HeartbeatView(renewed=at(99), step=12, attempt=1)
+    job_running = ray_job("RUNNING", attempt=1)
+    plan = decide(elastic_world(degraded, 100, (1, 2), ray_job=job_running, heartbeat=beat))
+    assert plan.status.phase == Phase.RUNNING
+    assert condition(plan, "Degraded").message == "trainer 1/2 replicas"
+    assert "degraded: trainer 1/2 replicas" in plan.status.message
+
+    # Every pod is back: the trainer is asked to checkpoint its step and stop; the cluster stays.
+    asked = decide(elastic_world(plan.status.wire(), 200, (2, 2), ray_job=job_running,
+                                 heartbeat=replace(beat, renewed=at(199))))  # fmt: skip
+    assert asked.actions == [RequestStop(at(200))]
+    assert (condition(asked, "Draining").status, condition(asked, "Draining").reason) == (
+        "True",
+        "Resizing",
+    )
+    # It did (exit code 4, its step checkpointed): a restart on every replica, at once.
+    answered = replace(beat, renewed=at(210), checkpoint_requested_at=at(200),
+                       checkpoint_saved_step=13)  # fmt: skip
+    stopped = ray_job("FAILED", attempt=1, exit_code=4)
+    resized = decide(elastic_world(asked.status.wire(), 211, (2, 2), ray_job=stopped,
+                                   heartbeat=answered))  # fmt: skip
+    assert ClearStopRequest in kinds(resized) and DeleteCluster not in kinds(resized)
+    assert resized.status.restart_history[-1].reason == "TrainerResized"
+    assert (resized.status.restart_count, resized.status.resizes) == (2, 1)
+    assert resized.status.trainer_replicas is None
+    assert "a resize from" in resized.status.message
+    again = decide(elastic_world(resized.status.wire(), 212, (2, 2), previous_ray_job=stopped))
+    assert SubmitRayJob("job-12345678-2", resume=True) in again.actions, "no backoff"
+
+
+def test_resizes_spend_no_restart_budget() -> None:
+    status = submitted(2, resizes=2, restartHistory=[
+        {"time": at(50).isoformat(), "reason": "TrainerResized"}])  # fmt: skip
+    job = make_job(status, recovery={"maxRestarts": 1, "backoffSeconds": 0}, roles=ELASTIC)
+    failed = ray_job("FAILED", attempt=2, exit_code=1, ended=at(99), message="boom")
+    plan = decide(Observed(job=job, now=at(100), created=at(0),
+                           cluster=with_roles(trainer=(2, 2)), ray_job=failed))  # fmt: skip
+    assert plan.status.phase == Phase.RECOVERING, plan.status.message
+    assert "restart 1/1" in plan.status.message
