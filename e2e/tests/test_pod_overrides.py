@@ -114,6 +114,10 @@ def test_the_admission_policy_bounds_pod_volumes_and_secret_references(
         assert env and "spec.pods: Secrets may not be read" in env and "hf-token" in env, env
         env_from = refused({"roles": {"rollout": {"pod": {"envFrom": [SECRET_ENV_FROM]}}}})
         assert env_from and "spec.roles.rollout.pod: Secrets may not" in env_from, env_from
+        bucket = {"objectStore": {"bucket": "ckpts", "credentialsSecret": "s3"}}
+        keys = refused({"checkpoint": bucket})
+        assert keys and "spec.checkpoint.objectStore.credentialsSecret: Secrets" in keys, keys
+        assert refused({"checkpoint": {"objectStore": {"bucket": "ckpts"}}}) is None
         pvc = {"name": "models", "persistentVolumeClaim": {"claimName": "models"}}
         settings = {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "s", "key": "k"}}}
         assert refused({"pods": {"volumes": [pvc], "env": [settings]}}) is None

@@ -76,6 +76,12 @@ class JobPolicy:
                 found += self._volume_problems(f"{path}.volumes[{index}]", extra.source_types())
             if "secret" not in self.allowed_volume_types:
                 found += _secret_references(path, pod)
+        bucket = job.spec.checkpoint.object_store
+        if bucket and bucket.credentials_secret and "secret" not in self.allowed_volume_types:
+            found.append(
+                "spec.checkpoint.objectStore.credentialsSecret: Secrets may not be read here "
+                "(the job policy does not allow secret volumes)"
+            )
         account = job.spec.service_account_name
         if account is not None:
             if self._is_operator(job, account):

@@ -49,3 +49,13 @@ def test_secrets_in_the_environment_are_as_allowed_as_secret_volumes() -> None:
         "spec.pods.env[0].valueFrom.secretKeyRef",
         "spec.roles.trainer.pod.envFrom[1].secretRef",
     ]
+
+
+def test_the_checkpoint_buckets_credentials_are_a_secret_read_like_any_other() -> None:
+    spec = {"checkpoint": {"objectStore": {"bucket": "ckpts", "credentialsSecret": "s3"}}}
+    assert _problems(JobPolicy(), spec) == []
+    no_secrets = JobPolicy(allowed_volume_types=("persistentVolumeClaim",))
+    (problem,) = _problems(no_secrets, spec)
+    assert problem.startswith("spec.checkpoint.objectStore.credentialsSecret: Secrets may not")
+    ambient = {"checkpoint": {"objectStore": {"bucket": "ckpts"}}}  # no Secret: nothing to refuse
+    assert _problems(no_secrets, ambient) == []
