@@ -129,6 +129,35 @@ def node_drain(jobs: Jobs, cluster: str) -> Iterator[tuple[str, subprocess.Popen
         local.kubectl("uncordon", node)
 
 
+@contextlib.contextmanager
+def pool_cordoned(jobs: Jobs, cluster: str, group: str) -> Iterator[list[str]]:
+    """Cordon every node a `group` pod of `cluster` may land on (its nodeSelector), so a lost
+    pod of the group is not replaced, as when its node pool is full or its node is gone. Yields
+    the nodes; they are uncordoned on leaving (earlier by `uncordon`)."""
+    from rlhf_local import cluster as local
+
+    body = jobs.ray_cluster(cluster)
+    assert body is not None, f"no RayCluster {cluster}"
+    (spec,) = [g for g in body["spec"]["workerGroupSpecs"] if g["groupName"] == group]
+    selector = spec["template"]["spec"].get("nodeSelector") or {}
+    labels = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
+    nodes = [n.metadata.name for n in jobs.lc.core.list_node(label_selector=labels).items]
+    assert nodes, f"no node matches {group}'s nodeSelector {selector}"
+    for node in nodes:
+        local.kubectl("cordon", node)
+    try:
+        yield nodes
+    finally:
+        uncordon(nodes)
+
+
+def uncordon(nodes: list[str]) -> None:
+    from rlhf_local import cluster as local
+
+    for node in nodes:
+        local.kubectl("uncordon", node)
+
+
 def corrupt_checkpoint(step_dir: Path) -> Path:
     """Flip bytes in the largest file of a checkpoint, so its hash no longer matches."""
     files = [p for p in step_dir.rglob("*") if p.is_file() and p.name != "manifest.json"]

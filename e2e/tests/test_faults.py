@@ -326,24 +326,44 @@ def test_3_lost_rollout_and_reward_pods_degrade_training_and_both_rejoin(
     assert "RLHFJobDegraded" in prometheus.fired(started, selector=selector)
 
 
-def test_4_lost_trainer_pod_restarts_the_training_group_from_the_checkpoint(
+def test_4_lost_trainer_pods_shrink_then_grow_the_elastic_trainer_and_a_node_drain_moves_it(
     fault_run: Any,
 ) -> None:
-    # Steps enough to still train when the node drain comes, after the restart.
-    run = fault_run("rank", roles={"trainer": {"replicas": 2}}, algorithm={"totalSteps": 48})
+    # Steps enough to still train when the node drain comes, after two restarts.
+    trainer = {"replicas": 2, "minReplicas": 1, "replacementTimeoutSeconds": 5}
+    run = fault_run("rank", roles={"trainer": trainer}, algorithm={"totalSteps": 160})
     run.wait_past_checkpoint()
-    faults.delete_pod(run.jobs, run.name, "trainer")
-    restart = run.wait_for_restart()
-    resumed = run.record.newest_checkpoint()
-    assert restart["reason"] in ("TrainerPodLost", "TrainerFailed"), restart
-    wait_for(lambda: run.status()["restartHistory"][0].get("resumedTime"), 120,
-             "the operator to see training resume", details=run.explain)  # fmt: skip
+    # The training pool is full (cordoned), so the lost pod is not replaced: after the timeout
+    # training resumes from the checkpoint on the one replica left, and the job is Degraded.
+    with faults.pool_cordoned(run.jobs, run.name, "trainer"):
+        faults.delete_pod(run.jobs, run.name, "trainer")
+        restart = run.wait_for_restart()
+        assert restart["reason"] in ("TrainerPodLost", "TrainerFailed"), restart
+        degraded = wait_for(lambda: run.jobs.condition(run.name, "Degraded"), 180,
+                            "the job to train degraded", details=run.explain)  # fmt: skip
+        assert degraded["status"] == "True" and "trainer 1/2 replicas" in degraded["message"]
+        assert run.status()["trainerReplicas"] == 1
+        run.wait_past_checkpoint(checkpoints=len(run.record.checkpoint_steps()) + 1)
+        lost_at = run.record.steps_by_attempt()[1][0] - 1  # the newest checkpoint it found
+        assert lost_at in run.record.checkpoint_steps(), lost_at
+    # The pool has room again: the replacement pod comes up, the trainer checkpoints the step it
+    # is on and restarts on both replicas (a resize, not a failure).
+    resize = run.wait_for_restart(count=2, timeout=240)
+    assert resize["reason"] == "TrainerResized", resize
+    wait_for(lambda: 2 in run.record.steps_by_attempt(), JOB_TIMEOUT, "the grown attempt",
+             details=run.explain)  # fmt: skip
+    grown_at = run.record.steps_by_attempt()[2][0] - 1
+    assert grown_at == run.record.steps_by_attempt()[1][-1], "the resize lost no step"
+    wait_for(lambda: (run.jobs.condition(run.name, "Degraded") or {}).get("status") == "False",
+             180, "Degraded to clear", details=run.explain)  # fmt: skip
+    assert "trainerReplicas" not in run.status()
     # Then a trainer node is drained: the budget holds the eviction back until the trainer
     # checkpointed the step it was on; the job moves off the node and loses no step.
     with faults.node_drain(run.jobs, run.name) as (node, drain):
-        asked = wait_for(lambda: run.jobs.condition(run.name, "Draining"), 60,
+        asked = wait_for(lambda: (c := run.jobs.condition(run.name, "Draining"))
+                         and c["reason"] == "NodeDrained" and c, 60,
                          f"{run.name} to drain off {node}", details=run.explain)  # fmt: skip
-        assert asked["reason"] == "NodeDrained" and node in asked["message"], asked
+        assert node in asked["message"], asked
         drained = wait_for(
             lambda: (run.jobs.condition(run.name, "Draining") or {}).get("status") == "False"
             and run.record.newest_checkpoint(), 120, "the drain's checkpoint",
@@ -354,8 +374,8 @@ def test_4_lost_trainer_pod_restarts_the_training_group_from_the_checkpoint(
         run.jobs.wait_phase(run.name, "Running", 240, run.operator)
         placed = {p.spec.node_name for p in run.jobs.pods(run.name, "trainer")}
         assert node not in placed, f"a trainer pod is back on the drained {node}"
-    status = run.assert_recovered([resumed], drained=(drained,))
-    assert status["restartCount"] == 1, "moving off a drained node is not a restart"
+    status = run.assert_recovered([lost_at, grown_at], drained=(grown_at, drained))
+    assert (status["restartCount"], status["resizes"]) == (2, 1), "a resize, then no restart"
 
 
 def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> None:
