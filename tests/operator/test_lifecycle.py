@@ -1256,3 +1256,17 @@ def test_resizes_spend_no_restart_budget() -> None:
                            cluster=with_roles(trainer=(2, 2)), ray_job=failed))  # fmt: skip
     assert plan.status.phase == Phase.RECOVERING, plan.status.message
     assert "restart 1/1" in plan.status.message
+
+
+def test_a_cluster_deleted_under_the_running_trainer_is_a_head_lost_restart() -> None:
+    job = make_job(submitted(currentStep=9, lastCheckpoint={"step": 8, "path": "/c/step-8"}))
+    plan = decide(Observed(job=job, now=at(100), created=at(0)))  # no RayCluster any more
+    assert kinds(plan) == [ApplyCluster]
+    record = plan.status.restart_history[-1]
+    assert (record.reason, record.resumed_from_step) == ("HeadLost", 8)
+    assert "deleted under the running trainer" in record.message
+    assert plan.status.restart_count == 1 and plan.status.submission_id is None
+    # The operator's own deletions are not counted again: after the restart, or a move off a
+    # drained node (which forgets the submission first), the cluster's absence is expected.
+    again = decide(Observed(job=make_job(plan.status.wire()), now=at(101), created=at(0)))
+    assert again.status.restart_count == 1
