@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -141,7 +142,8 @@ def pool_cordoned(jobs: Jobs, cluster: str, group: str) -> Iterator[list[str]]:
     (spec,) = [g for g in body["spec"]["workerGroupSpecs"] if g["groupName"] == group]
     selector = spec["template"]["spec"].get("nodeSelector") or {}
     labels = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
-    nodes = [n.metadata.name for n in jobs.lc.core.list_node(label_selector=labels).items]
+    listed = jobs.lc.core.list_node(label_selector=labels).items
+    nodes = [str(n.metadata.name) for n in listed if n.metadata is not None]
     assert nodes, f"no node matches {group}'s nodeSelector {selector}"
     for node in nodes:
         local.kubectl("cordon", node)
@@ -156,6 +158,11 @@ def uncordon(nodes: list[str]) -> None:
 
     for node in nodes:
         local.kubectl("uncordon", node)
+
+
+def remove_checkpoint(step_dir: Path) -> None:
+    """Delete one checkpoint from the volume, as a lost or emptied volume would."""
+    shutil.rmtree(step_dir)
 
 
 def corrupt_checkpoint(step_dir: Path) -> Path:
