@@ -11,7 +11,7 @@ This module imports only the standard library and `rlhfjob` (the driver uses it 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlhf_trainer.adoption import DEFAULT_ADOPT_TIMEOUT_S, adoption_timeout_s, namespace_of
 from rlhfjob import contract
@@ -44,6 +44,17 @@ class RunContext:
     actor_logs: bool = False
     adopt_timeout_s: float = DEFAULT_ADOPT_TIMEOUT_S
     """How long a previous attempt's actors have to answer (``$RLHF_ADOPT_TIMEOUT_S``)."""
+    zero_ranks: Mapping[str, int] = field(default_factory=dict)
+    """Ranks of a ZeRO-3 role (``trainer``, ``reference``, ``critic``) that replace the spec's
+    count: a run that restarts with the ranks it has (fewer than the spec's replicas, say). A
+    role left out runs the spec's count. The global batch does not depend on it
+    (`rlhf_trainer.batch.ShardPlan`), and checkpoints load into any count
+    (`rlhf_trainer.reshard`). Nothing sets it from the environment yet."""
+
+    def __post_init__(self) -> None:
+        bad = {role: ranks for role, ranks in self.zero_ranks.items() if ranks < 1}
+        if bad:
+            raise ValueError(f"a ZeRO-3 role needs at least one rank: {bad}")
 
     @classmethod
     def from_env(
