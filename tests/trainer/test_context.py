@@ -63,6 +63,13 @@ def test_an_unreadable_number_is_an_error_and_an_unreadable_attempt_counts_as_un
     assert RunContext.from_env({contract.ENV_ATTEMPT: "x"}).attempt == 0
 
 
+def test_rank_counts_that_replace_the_specs_must_be_positive() -> None:
+    assert RunContext().zero_ranks == {}  # the spec's counts
+    assert RunContext(zero_ranks={"trainer": 1}).zero_ranks == {"trainer": 1}
+    with pytest.raises(ValueError, match="at least one rank"):
+        RunContext(zero_ranks={"trainer": 0})
+
+
 def test_the_context_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         RunContext().attempt = 1  # type: ignore[misc]
