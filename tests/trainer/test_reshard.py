@@ -112,7 +112,11 @@ def write_state(directory: Path, tensors: dict[str, Any], world_size: int) -> No
 
 def test_parts_saved_by_two_ranks_read_back_as_any_ranks_slices_and_whole(tmp_path):
     generator = torch.Generator().manual_seed(0)
-    tensors = {"a.weight": torch.randn(3, 5, generator=generator), "b": torch.randn(7)}
+    tensors = {
+        "a.weight": torch.randn(3, 5, generator=generator),
+        "b": torch.randn(7, generator=generator),
+        "c": torch.randn(1, generator=generator),  # rank 1 owns none of it
+    }
     write_state(tmp_path, tensors, world_size=2)
     reader = PartReader(tmp_path, MASTER, world_size=2)
     for world in (1, 3):

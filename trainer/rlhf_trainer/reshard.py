@@ -24,6 +24,7 @@ Layout of one role's directory (the checkpoint store hashes every file)::
     fp32-rank00000.safetensors      per kind and writing rank: {parameter name: flat part},
     exp_avg-rank00000.safetensors   the parts' addresses in the file's metadata
     exp_avg_sq-rank00000.safetensors
+    rng-rank0.pt                    each rank's RNG states (`rng_file`, written by the rank)
 
 The pure parts (addresses, which saved parts make up a wanted one) come first; the functions
 on a live DeepSpeed engine (`save_engine_state`, `load_engine_state`) after them.
@@ -132,9 +133,10 @@ def resized_rank_seed(seed: int, step: int, rank: int) -> int:
     """The seed of every RNG of rank `rank` resuming at `step` in a group of another size than
     the one that saved the checkpoint. Per-rank RNG files cannot map across a resize (which of
     two ranks' states would one rank continue?), so no rank restores one: each seeds its RNGs
-    from the run's seed, the step and its rank. What draws from them is the same either way:
-    nothing that decides a sample or a loss (the policy's sampling seeds come from the driver,
-    `seeds.step_seed`; the tiny models have no dropout)."""
+    from the run's seed, the step and its rank. Nothing a step samples or trains on draws from
+    them today (sampling seeds come from the driver, `seeds.step_seed`; the models run without
+    dropout), so a resized run still repeats the uninterrupted one; a model with dropout would
+    draw other masks after a resize."""
     return mix(RESIZED_RANK, seed, step, rank)
 
 
