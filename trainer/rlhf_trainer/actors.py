@@ -51,9 +51,6 @@ logger = logging.getLogger(__name__)
 
 DIST_TIMEOUT = timedelta(minutes=10)
 """How long a collective may wait for a peer before the group fails (a dead rank, not a hang)."""
-DEEPSPEED_TAG = "zero"
-"""Tag of the DeepSpeed checkpoint a role's sub-directory held before `rlhf_trainer.reshard`'s
-format (such a checkpoint still loads, into as many ranks as wrote it)."""
 CPU_SYNC_BUCKET_BYTES = 1 << 20
 """Weight-sync bucket size on the CPU (GPUs use `weight_sync.DEFAULT_BUCKET_BYTES`)."""
 
@@ -222,29 +219,16 @@ class ZeroWorker:
         """Load a role's state saved by any number of ranks, then this rank's RNG states: its
         own file when the group has the size that saved it, else seeded from (seed, step, rank)
         (`reshard.resized_rank_seed`): after a resize no file belongs to a rank."""
-        if reshard.is_saved_state(directory):
-            saved_by = reshard.load_engine_state(
-                engine, directory, lambda: self._step_on_zeros(engine)
-            ).world_size
-        else:
-            self._load_deepspeed_checkpoint(engine, directory)
-            saved_by = self.world_size
+        if not reshard.is_saved_state(directory):
+            raise ckpt.CheckpointError(
+                f"{directory}: no {reshard.STATE_FILE} (not a checkpoint of this trainer's format)"
+            )
+        saved = reshard.load_engine_state(engine, directory, lambda: self._step_on_zeros(engine))
         rng_file = directory / reshard.rng_file(self.rank)
-        if saved_by == self.world_size and rng_file.is_file():
+        if saved.world_size == self.world_size and rng_file.is_file():
             ckpt.restore_rng_state(ckpt.load_rng_state(rng_file))
         else:
             reshard.seed_every_rng(reshard.resized_rank_seed(self.seed, step, self.rank))
-
-    def _load_deepspeed_checkpoint(self, engine: Any, directory: Path) -> None:
-        """A checkpoint written before `rlhf_trainer.reshard`: DeepSpeed's own, same ranks."""
-        load_path, _ = engine.load_checkpoint(
-            str(directory),
-            tag=DEEPSPEED_TAG,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
-        )
-        if load_path is None:
-            raise ckpt.CheckpointError(f"{directory}: no DeepSpeed checkpoint {DEEPSPEED_TAG!r}")
 
 
 def _sequence_logprobs(
