@@ -181,7 +181,7 @@ class Trainer:
                 log=self.log,
                 on_engines_change=self._report_engines,
                 on_reward_models_change=self._report_reward_models,
-                zero_ranks=context.zero_ranks,
+                zero_ranks=context.zero_ranks_for(spec),
             )
         except BaseException:
             self.heartbeat.stop()
