@@ -79,6 +79,57 @@ def test_sharding_then_unsharding_gives_back_the_rows_in_order():
         plan.shard(batch.rows(0, 5), 0)
 
 
+def random_batch(rows: int, seed: int = 0):
+    """Rows of different prompt and response lengths, with a per-token value to average."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 6, (rows, 2), generator=generator).tolist()
+    batch = build_batch([[1] * p for p, _ in lengths], [[2] * r for _, r in lengths])
+    return batch.with_fields(value=torch.randn(batch.action_mask.shape, generator=generator))
+
+
+@pytest.mark.parametrize("rows", [12, 13, 64])
+def test_the_global_batch_does_not_depend_on_the_number_of_ranks(rows):
+    """Fewer ranks take more micro-batches; every rank count trains the same rows, once."""
+    batch = random_batch(rows)
+    for world in (1, 2, 3, 4):
+        plan = ShardPlan(rows, world, micro_batch_size=4)
+        shards = [plan.shard(batch, rank) for rank in range(world)]
+        assert {len(list(shard.micro_batches(4))) for shard in shards} == {plan.accumulation_steps}
+        assert plan.accumulation_steps == math.ceil(rows / (4 * world))
+        together = plan.unshard([shard.input_ids for shard in shards])
+        assert torch.equal(together, batch.input_ids), world
+        assert sum(shard.num_action_tokens for shard in shards) == batch.num_action_tokens
+
+
+def deepspeed_gradient_weighting(batch, plan: ShardPlan) -> float:
+    """The step's gradient-carrying sum as the ranks build it: each micro-batch backpropagates
+    its token-mean value times its tokens times `loss_scale`, DeepSpeed divides that by the
+    accumulation steps and averages the ranks' sums (a gradient is linear in the loss, so the
+    loss's total stands for it)."""
+    scale = plan.loss_scale(batch.num_action_tokens)
+    per_rank = []
+    for rank in range(plan.world_size):
+        total = 0.0
+        for micro in plan.shard(batch, rank).micro_batches(plan.micro_batch_size):
+            tokens = float(micro.action_mask.sum())
+            mean = float(alg.masked_mean(micro.fields["value"], micro.action_mask)) if tokens else 0
+            total += mean * tokens * scale / plan.accumulation_steps
+        per_rank.append(total)
+    return sum(per_rank) / plan.world_size
+
+
+@pytest.mark.parametrize("rows", [12, 13, 64])
+def test_one_rank_of_2k_rows_steps_like_two_ranks_of_k_rows(rows):
+    """The loss scaling makes the step the token mean over the whole batch for every rank
+    count, padding and uneven micro-batches included: per-token means are weighted by their
+    tokens, not averaged per micro-batch or per rank."""
+    batch = random_batch(rows, seed=rows)
+    whole_mean = float(alg.masked_mean(batch.fields["value"], batch.action_mask))
+    for world in (1, 2, 3, 4):
+        got = deepspeed_gradient_weighting(batch, ShardPlan(rows, world, micro_batch_size=4))
+        assert got == pytest.approx(whole_mean, rel=1e-5), world
+
+
 def test_the_deepspeed_config_follows_the_algorithm():
     config = deepspeed_config(
         algorithm(microBatchSize=8, maxGradNorm=0.5),

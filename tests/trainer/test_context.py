@@ -63,6 +63,25 @@ def test_an_unreadable_number_is_an_error_and_an_unreadable_attempt_counts_as_un
     assert RunContext.from_env({contract.ENV_ATTEMPT: "x"}).attempt == 0
 
 
+def test_an_elastic_restart_trains_on_the_replicas_the_operator_gives() -> None:
+    spec = load_job(EXAMPLE).spec  # 2 trainer replicas of one rank each (CPU)
+    environ = dataclasses.replace(POD, trainer_replicas=1).to_env()
+    context = RunContext.from_env(environ)
+    assert context.trainer_replicas == 1
+    assert context.zero_ranks_for(spec) == {"trainer": 1}
+    assert RunContext.from_env(POD.to_env()).zero_ranks_for(spec) == {}  # the spec's counts
+
+
+def test_rank_counts_given_in_process_win_and_must_be_positive() -> None:
+    spec = load_job(EXAMPLE).spec
+    given = RunContext(trainer_replicas=1, zero_ranks={"trainer": 3, "critic": 2})
+    assert given.zero_ranks_for(spec) == {"trainer": 3, "critic": 2}
+    with pytest.raises(ValueError, match="at least one rank"):
+        RunContext(zero_ranks={"trainer": 0})
+    with pytest.raises(ValueError, match="at least one rank"):
+        RunContext(trainer_replicas=0)
+
+
 def test_the_context_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         RunContext().attempt = 1  # type: ignore[misc]

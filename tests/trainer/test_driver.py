@@ -261,11 +261,10 @@ def assert_only_complete_checkpoints(directory: Path) -> list[int]:
 
 
 def final_policy(directory: Path) -> dict[str, torch.Tensor]:
-    """The policy parameters of the step-N checkpoint, consolidated from the ZeRO-3 shards."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    """The policy parameters of the step-N checkpoint, whole, from the ranks' parts."""
+    from rlhf_trainer.reshard import whole_tensors
 
-    step_dir = CheckpointStore(run_dir(directory)).step_dir(TOTAL_STEPS)
-    return get_fp32_state_dict_from_zero_checkpoint(str(step_dir / "policy"), tag="zero")
+    return whole_tensors(CheckpointStore(run_dir(directory)).step_dir(TOTAL_STEPS) / "policy")
 
 
 @pytest.mark.slow

@@ -56,6 +56,18 @@ def test_a_reference_role_and_ppo_add_their_groups() -> None:
     ]
 
 
+def test_a_run_may_give_its_groups_other_ranks_than_the_spec() -> None:
+    """`RunContext.zero_ranks`: a restart with the ranks it has (elastic training)."""
+    spec = load_job(EXAMPLES / "ppo-tiny-cpu.yaml").spec
+    assert [(r.role, r.ranks) for r in zero_roles(spec, 4)] == [("trainer", 2), ("critic", 1)]
+    fewer = zero_roles(spec, 4, {"trainer": 1})
+    assert [(r.role, r.ranks) for r in fewer] == [("trainer", 1), ("critic", 1)]
+    more = zero_roles(spec, 4, {"trainer": 3, "critic": 2})
+    assert [(r.role, r.ranks) for r in more] == [("trainer", 3), ("critic", 2)]
+    with pytest.raises(ValueError, match="no group of: \\['reference'\\]"):
+        zero_roles(spec, 4, {"reference": 1})
+
+
 def test_disaggregated_rollout_launches_tagged_engines_on_the_rollout_pool() -> None:
     spec = load_job(EXAMPLES / "grpo-tiny-cpu.yaml").spec
     launcher = engine_launcher(spec, detached=True)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from rlhf_trainer import algorithms as alg
 from rlhf_trainer import checkpoint as ckpt
+from rlhf_trainer import reshard
 from rlhf_trainer import weight_sync as ws
 from rlhf_trainer.adoption import spec_digest, spec_json
 from rlhf_trainer.batch import Batch, ShardPlan
@@ -50,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 DIST_TIMEOUT = timedelta(minutes=10)
 """How long a collective may wait for a peer before the group fails (a dead rank, not a hang)."""
-DEEPSPEED_TAG = "zero"
-"""Tag of the one DeepSpeed checkpoint each role writes into its checkpoint sub-directory."""
 CPU_SYNC_BUCKET_BYTES = 1 << 20
 """Weight-sync bucket size on the CPU (GPUs use `weight_sync.DEFAULT_BUCKET_BYTES`)."""
 
@@ -196,22 +195,40 @@ class ZeroWorker:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def _save_engine(self, engine: Any, directory: Path) -> None:
-        engine.save_checkpoint(str(directory), tag=DEEPSPEED_TAG)
-        ckpt.save_rng_state(ckpt.capture_rng_state(), directory / f"rng-rank{self.rank}.pt")
+    def _output(self, engine: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """What the engine's model returns for a batch (logits, values): `_step_on_zeros`."""
+        raise NotImplementedError
 
-    def _load_engine(self, engine: Any, directory: Path) -> None:
-        load_path, _ = engine.load_checkpoint(
-            str(directory),
-            tag=DEEPSPEED_TAG,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
-        )
-        if load_path is None:
-            raise ckpt.CheckpointError(f"{directory}: no DeepSpeed checkpoint {DEEPSPEED_TAG!r}")
-        rng_file = directory / f"rng-rank{self.rank}.pt"
-        if rng_file.is_file():
+    def _step_on_zeros(self, engine: Any) -> None:
+        """One optimizer step whose gradients are all zero: it changes no weight (AdamW moves
+        nothing without a gradient; no weight decay), but makes a fresh optimizer create and
+        link its state the way each ZeRO stage does, so a loaded checkpoint can overwrite it."""
+        engine.train()
+        input_ids = torch.ones((1, 2), dtype=torch.long, device=self.device)
+        for _ in range(self.plan.accumulation_steps):  # the step comes at the boundary
+            output = self._output(engine, input_ids, torch.ones_like(input_ids))
+            engine.backward(output.float().sum() * 0.0)
+            engine.step()
+
+    def _save_engine(self, engine: Any, directory: Path) -> None:
+        """This rank's part of the role's state (`rlhf_trainer.reshard`) and its RNG states."""
+        reshard.save_engine_state(engine, directory, self.rank, self.world_size)
+        ckpt.save_rng_state(ckpt.capture_rng_state(), directory / reshard.rng_file(self.rank))
+
+    def _load_engine(self, engine: Any, directory: Path, step: int) -> None:
+        """Load a role's state saved by any number of ranks, then this rank's RNG states: its
+        own file when the group has the size that saved it, else seeded from (seed, step, rank)
+        (`reshard.resized_rank_seed`): after a resize no file belongs to a rank."""
+        if not reshard.is_saved_state(directory):
+            raise ckpt.CheckpointError(
+                f"{directory}: no {reshard.STATE_FILE} (not a checkpoint of this trainer's format)"
+            )
+        saved = reshard.load_engine_state(engine, directory, lambda: self._step_on_zeros(engine))
+        rng_file = directory / reshard.rng_file(self.rank)
+        if saved.world_size == self.world_size and rng_file.is_file():
             ckpt.restore_rng_state(ckpt.load_rng_state(rng_file))
+        else:
+            reshard.seed_every_rng(reshard.resized_rank_seed(self.seed, step, self.rank))
 
 
 def _sequence_logprobs(
@@ -315,7 +332,7 @@ class PolicyWorker(ZeroWorker):
         shard = self._shard(batch)
         total_tokens = batch.num_action_tokens
         kl_in_loss = algorithm.kl_mode == "loss" and algorithm.kl_coef > 0
-        scale = self.world_size * self.plan.accumulation_steps / max(total_tokens, 1)
+        scale = self.plan.loss_scale(total_tokens)
 
         self._for_training()
         self.engine.train()
@@ -437,13 +454,17 @@ class PolicyWorker(ZeroWorker):
             for _ in parameters:
                 pass
 
+    def _output(self, engine: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return engine(input_ids=input_ids, attention_mask=attention_mask).logits
+
     def save(self, directory: str) -> None:
         self._for_training()
         self._save_engine(self.engine, Path(directory) / "policy")
 
-    def load(self, directory: str) -> None:
+    def load(self, directory: str, step: int) -> None:
+        """The policy's state from checkpoint `directory` of training step `step`."""
         self._for_training()
-        self._load_engine(self.engine, Path(directory) / "policy")
+        self._load_engine(self.engine, Path(directory) / "policy", step)
 
 
 class ReferenceWorker(ZeroWorker):
@@ -466,8 +487,8 @@ class ReferenceWorker(ZeroWorker):
     def save(self, directory: str) -> None:
         """Nothing to save: the reference never changes."""
 
-    def load(self, directory: str) -> None:
-        """Nothing to load: the reference is rebuilt from the spec."""
+    def load(self, directory: str, step: int) -> None:
+        """Nothing to load: the reference is rebuilt from the spec, on any number of ranks."""
 
 
 class CriticWorker(ZeroWorker):
@@ -493,7 +514,7 @@ class CriticWorker(ZeroWorker):
         """`updateEpochs` steps regressing values on ``returns`` (fields ``old_values``, ...)."""
         algorithm = self.spec.algorithm
         shard = self._shard(batch)
-        scale = self.world_size * self.plan.accumulation_steps / max(batch.num_action_tokens, 1)
+        scale = self.plan.loss_scale(batch.num_action_tokens)
         self.engine.train()
         sums: dict[str, float] = {}
         for _epoch in range(algorithm.update_epochs):
@@ -515,11 +536,15 @@ class CriticWorker(ZeroWorker):
                 )
         return self._global_means(sums, float(shard.num_action_tokens * algorithm.update_epochs))
 
+    def _output(self, engine: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return engine(input_ids, attention_mask)
+
     def save(self, directory: str) -> None:
         self._save_engine(self.engine, Path(directory) / "critic")
 
-    def load(self, directory: str) -> None:
-        self._load_engine(self.engine, Path(directory) / "critic")
+    def load(self, directory: str, step: int) -> None:
+        """The critic's state from checkpoint `directory` of training step `step`."""
+        self._load_engine(self.engine, Path(directory) / "critic", step)
 
 
 def rank_name(role: str, rank: int) -> str:
@@ -547,10 +572,11 @@ class WorkerGroup:
         setup_timeout_s: float = 600.0,
         *,
         detached: bool = False,
+        world_size: int | None = None,
     ) -> None:
         import ray
 
-        self._init(spec, role, role_spec, setup_timeout_s)
+        self._init(spec, role, role_spec, setup_timeout_s, world_size)
         on_gpu = role_spec.gpus > 0
         actor_class: Any = ray.remote(worker_class)
         options: dict[str, Any] = {
@@ -569,10 +595,17 @@ class WorkerGroup:
         self._setup += [a.setup.remote(address, port, total_optimizer_steps) for a in self.actors]
 
     def _init(
-        self, spec: RLHFJobSpec, role: str, role_spec: RoleSpec, setup_timeout_s: float
+        self,
+        spec: RLHFJobSpec,
+        role: str,
+        role_spec: RoleSpec,
+        setup_timeout_s: float,
+        world_size: int | None,
     ) -> None:
         self.role = role
-        self.world_size = role_ranks(role_spec)
+        self.world_size = role_ranks(role_spec) if world_size is None else world_size
+        """The spec's ranks of the role, unless the run was started with others
+        (`RunContext.zero_ranks`): the global batch is the same either way (`ShardPlan`)."""
         self.plan = ShardPlan(rollout_rows(spec), self.world_size, spec.algorithm.micro_batch_size)
         self.setup_timeout_s = setup_timeout_s
         self.actors: list[Any] = []
@@ -589,7 +622,7 @@ class WorkerGroup:
     ) -> WorkerGroup:
         """A handle on ranks that run already, set up (adopted ones: `rlhf_trainer.startup`)."""
         group = cls.__new__(cls)
-        group._init(spec, role, role_spec, setup_timeout_s)
+        group._init(spec, role, role_spec, setup_timeout_s, len(actors))
         group.actors = list(actors)
         return group
 

@@ -119,7 +119,13 @@ def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[i
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """How a batch of ``rows`` splits over ``world_size`` ranks in micro-batches."""
+    """How a batch of ``rows`` splits over ``world_size`` ranks in micro-batches.
+
+    The rows of a step (the global batch) come from the spec alone, never from the number of
+    ranks: fewer ranks each take more micro-batches (`accumulation_steps`), and `loss_scale`
+    makes the optimizer step the same token mean over the whole batch, so a group that
+    restarts with fewer ranks or more trains the same run.
+    """
 
     rows: int
     world_size: int
@@ -137,6 +143,16 @@ class ShardPlan:
     @property
     def padded_rows(self) -> int:
         return self.rows_per_rank * self.world_size
+
+    def loss_scale(self, total_tokens: int) -> float:
+        """The factor on each micro-batch's token-mean loss times its token count.
+
+        DeepSpeed divides every micro-batch's gradient by `accumulation_steps` and averages
+        the ranks' gradients; this factor undoes both and divides by the batch's tokens, so
+        the step's gradient is that of the token mean over the whole batch, whatever the
+        number of ranks or how the rows fall into shards.
+        """
+        return self.world_size * self.accumulation_steps / max(total_tokens, 1)
 
     def shard(self, batch: Batch, rank: int) -> Batch:
         """Rank ``rank``'s contiguous share of the padded batch."""

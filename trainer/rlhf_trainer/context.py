@@ -11,11 +11,11 @@ This module imports only the standard library and `rlhfjob` (the driver uses it 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlhf_trainer.adoption import DEFAULT_ADOPT_TIMEOUT_S, adoption_timeout_s, namespace_of
 from rlhfjob import contract
-from rlhfjob.api import ENV_TRAINER_METRICS_PORT, RLHFJob
+from rlhfjob.api import ENV_TRAINER_METRICS_PORT, RLHFJob, RLHFJobSpec, actor_slots
 
 ENV_METRICS_PORT = ENV_TRAINER_METRICS_PORT
 """Port of the driver's Prometheus endpoint (unset: no endpoint); the operator sets it."""
@@ -44,6 +44,30 @@ class RunContext:
     actor_logs: bool = False
     adopt_timeout_s: float = DEFAULT_ADOPT_TIMEOUT_S
     """How long a previous attempt's actors have to answer (``$RLHF_ADOPT_TIMEOUT_S``)."""
+    trainer_replicas: int | None = None
+    """``$RLHF_TRAINER_REPLICAS``: the trainer replicas an elastic restart trains with (the
+    operator sets it below `roles.trainer.replicas`); None: the spec's."""
+    zero_ranks: Mapping[str, int] = field(default_factory=dict)
+    """Ranks of a ZeRO-3 role (``trainer``, ``reference``, ``critic``) that replace the spec's
+    count, whatever `trainer_replicas` says: a run started in-process with other ranks (tests,
+    tools). A role left out runs the spec's count. The global batch does not depend on it
+    (`rlhf_trainer.batch.ShardPlan`), and checkpoints load into any count
+    (`rlhf_trainer.reshard`)."""
+
+    def __post_init__(self) -> None:
+        bad = {role: ranks for role, ranks in self.zero_ranks.items() if ranks < 1}
+        if self.trainer_replicas is not None and self.trainer_replicas < 1:
+            bad["trainer replicas"] = self.trainer_replicas
+        if bad:
+            raise ValueError(f"a ZeRO-3 role needs at least one rank: {bad}")
+
+    def zero_ranks_for(self, spec: RLHFJobSpec) -> dict[str, int]:
+        """The ranks of each ZeRO-3 role that differ from the spec's: `zero_ranks`, and the
+        trainer's from `trainer_replicas` (replicas x actors per replica) unless given."""
+        ranks = dict(self.zero_ranks)
+        if self.trainer_replicas is not None:
+            ranks.setdefault("trainer", self.trainer_replicas * actor_slots(spec.roles.trainer))
+        return ranks
 
     @classmethod
     def from_env(
@@ -67,6 +91,7 @@ class RunContext:
             ray_address=environ.get(ENV_RAY_ADDRESS) or None,
             actor_logs=environ.get(ENV_ACTOR_LOGS) == "1",
             adopt_timeout_s=adoption_timeout_s(environ),
+            trainer_replicas=pod.trainer_replicas,
         )
 
     def ray_namespace(self, job: RLHFJob) -> str:

@@ -9,10 +9,12 @@ One step::
 then, every `checkpoint.intervalSteps`, a checkpoint, and always the heartbeat and the metrics.
 Every random choice depends on `algorithm.seed` only (model init, data order, a sampling seed
 per step and chunk of prompts), and a checkpoint carries the data position, RNG states,
-DeepSpeed model and optimizer state and the policy version, so a resumed run repeats the
-uninterrupted one exactly, also when rollout engines were lost and replaced meanwhile
+the model and optimizer state (`rlhf_trainer.reshard`) and the policy version, so a resumed run
+repeats the uninterrupted one exactly, also when rollout engines were lost and replaced meanwhile
 (`rlhf_trainer.fleet`) and when the actors were adopted from a killed driver (the checkpoint
-is loaded into them like into fresh ones).
+is loaded into them like into fresh ones). A run that resumes with another number of ZeRO-3
+ranks (`RunContext.zero_ranks`) trains the same global batch and repeats it up to float
+rounding (the ranks sum their gradients in another order).
 
 Starting or adopting the actors is `rlhf_trainer.startup`'s; what the run takes from its
 environment and command line, `rlhf_trainer.context.RunContext`; `rlhf_trainer.driver` is the
@@ -68,6 +70,8 @@ from rlhfjob.api import RLHFJob
 
 STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
+RANKS_KEY = "ranks"
+"""Manifest `extra` entry: the ranks of each ZeRO-3 role that wrote the checkpoint."""
 
 
 def progress_line(record: dict[str, Any], total_steps: int) -> str:
@@ -177,6 +181,7 @@ class Trainer:
                 log=self.log,
                 on_engines_change=self._report_engines,
                 on_reward_models_change=self._report_reward_models,
+                zero_ranks=context.zero_ranks_for(spec),
             )
         except BaseException:
             self.heartbeat.stop()
@@ -250,8 +255,13 @@ class Trainer:
         if checkpoint is None:
             return
         self.log(f"resuming from {checkpoint.path} (step {checkpoint.step})")
-        refs = [ref for g in self.groups for ref in g.submit("load", str(checkpoint.path))]
-        WorkerGroup.wait(refs)
+        saved_ranks = checkpoint.extra.get(RANKS_KEY, {})
+        for group in self.groups:
+            saved, now = saved_ranks.get(group.role, group.world_size), group.world_size
+            if saved != now:  # rlhf_trainer.reshard loads it into any count
+                self.log(f"{group.role}: saved by {saved} ranks, loaded into {now}")
+        path, step = str(checkpoint.path), checkpoint.step
+        WorkerGroup.wait([ref for g in self.groups for ref in g.submit("load", path, step)])
         self.data = self._prompt_iterator(DataPosition.from_json(checkpoint.data_position))
         restore_rng_state(checkpoint.load_rng_state())
         self.step = self.checkpointed_step = checkpoint.step
@@ -261,11 +271,16 @@ class Trainer:
         )
 
     def save_checkpoint(self, upload: bool = False) -> None:
-        """Every rank writes its DeepSpeed shards into one directory that appears atomically;
-        with a bucket, it is uploaded in the background when on the upload interval or
-        `upload` says so."""
+        """Every rank writes its part of its role's state (`rlhf_trainer.reshard`) into one
+        directory that appears atomically, and the manifest records each role's ranks; with a
+        bucket, it is uploaded in the background when on the upload interval or `upload` says
+        so."""
         with self.phase(m.PHASE_CHECKPOINT):
-            extra = {"policy_version": self.version, "total_steps": self.total_steps}
+            extra = {
+                "policy_version": self.version,
+                "total_steps": self.total_steps,
+                RANKS_KEY: {group.role: group.world_size for group in self.groups},
+            }
             position = self.data.position.to_json()
             writing = self.store.writing(
                 self.step, data_position=position, extra=extra, upload=upload

@@ -178,18 +178,32 @@ class ZeroRole:
     worker: type[ZeroWorker]
     optimizer_steps: int
     """Optimizer steps of the whole run (0: the role does not train)."""
+    ranks: int
+    """The group's ranks: the spec's (`topology.role_ranks`) unless the run overrides them."""
 
 
-def zero_roles(spec: RLHFJobSpec, total_steps: int) -> list[ZeroRole]:
-    """The policy group, then the reference (if the spec has the role) and the critic (PPO)."""
+def zero_roles(
+    spec: RLHFJobSpec, total_steps: int, zero_ranks: Mapping[str, int] | None = None
+) -> list[ZeroRole]:
+    """The policy group, then the reference (if the spec has the role) and the critic (PPO),
+    with the ranks `zero_ranks` gives a role (`RunContext.zero_ranks`), else the spec's."""
     roles, algorithm = spec.roles, spec.algorithm
+    overrides = zero_ranks or {}
     steps = total_steps * algorithm.update_epochs
-    wanted = [ZeroRole("trainer", roles.trainer, PolicyWorker, steps)]
+
+    def role(name: str, role_spec: RoleSpec, worker: type[ZeroWorker], steps: int) -> ZeroRole:
+        ranks = overrides.get(name, topology.role_ranks(role_spec))
+        return ZeroRole(name, role_spec, worker, steps, ranks)
+
+    wanted = [role("trainer", roles.trainer, PolicyWorker, steps)]
     if roles.reference is not None:
-        wanted.append(ZeroRole("reference", roles.reference, ReferenceWorker, 0))
+        wanted.append(role("reference", roles.reference, ReferenceWorker, 0))
     if algorithm.name == "ppo":
         assert roles.critic is not None  # the API requires it for PPO
-        wanted.append(ZeroRole("critic", roles.critic, CriticWorker, steps))
+        wanted.append(role("critic", roles.critic, CriticWorker, steps))
+    unknown = set(overrides) - {wanted_role.role for wanted_role in wanted}
+    if unknown:
+        raise ValueError(f"rank counts for roles this job has no group of: {sorted(unknown)}")
     return wanted
 
 
@@ -275,13 +289,16 @@ def adopt_group(
     role_spec: RoleSpec,
     timeout_s: float,
     setup_timeout_s: float = SETUP_TIMEOUT_S,
+    world_size: int | None = None,
 ) -> WorkerGroup | None:
-    """The role's ranks left by a previous driver, if every one exists, is set up for this
-    spec and answers `ZeroWorker.ping` within `timeout_s`; otherwise None."""
+    """The role's `world_size` ranks (default: the spec's) left by a previous driver, if every
+    one exists, is set up for this spec in a group of that size and answers `ZeroWorker.ping`
+    within `timeout_s`; otherwise None."""
     import ray
     from ray.exceptions import RayError
 
-    world_size = topology.role_ranks(role_spec)
+    if world_size is None:
+        world_size = topology.role_ranks(role_spec)
     try:
         actors: list[Any] = [ray.get_actor(rank_name(role, rank)) for rank in range(world_size)]
     except ValueError:  # a rank is missing
@@ -386,6 +403,7 @@ def adopt(
     total_steps: int,
     timeout_s: float,
     log: Callable[[str], None],
+    zero_ranks: Mapping[str, int] | None = None,
 ) -> Adopted | None:
     """The previous attempt's actors, if every ZeRO-3 rank is there and answers in time, with
     the live engines by id (missing ones are started later). None: start cold."""
@@ -394,8 +412,8 @@ def adopt(
     if not ray.util.list_named_actors():
         return None
     by_role = {}
-    for wanted in zero_roles(spec, total_steps):
-        group = adopt_group(spec, wanted.role, wanted.spec, timeout_s)
+    for wanted in zero_roles(spec, total_steps, zero_ranks):
+        group = adopt_group(spec, wanted.role, wanted.spec, timeout_s, world_size=wanted.ranks)
         if group is None:
             log(f"the previous attempt's {wanted.role} ranks are missing or do not answer")
             return None
@@ -412,7 +430,13 @@ def adopt(
 # Starting
 
 
-def start_groups(spec: RLHFJobSpec, total_steps: int, *, detached: bool) -> Groups:
+def start_groups(
+    spec: RLHFJobSpec,
+    total_steps: int,
+    *,
+    detached: bool,
+    zero_ranks: Mapping[str, int] | None = None,
+) -> Groups:
     """Start the ZeRO-3 groups; they build their engines while the rollout engines start."""
     by_role = {
         wanted.role: WorkerGroup(
@@ -423,8 +447,9 @@ def start_groups(spec: RLHFJobSpec, total_steps: int, *, detached: bool) -> Grou
             wanted.optimizer_steps,
             setup_timeout_s=SETUP_TIMEOUT_S,
             detached=detached,
+            world_size=wanted.ranks,
         )
-        for wanted in zero_roles(spec, total_steps)
+        for wanted in zero_roles(spec, total_steps, zero_ranks)
     }
     return Groups.of(by_role)
 
@@ -439,9 +464,12 @@ def start_actors(
     log: Callable[[str], None] = print,
     on_engines_change: Callable[[int, int], None] | None = None,
     on_reward_models_change: Callable[[int, int], None] | None = None,
+    zero_ranks: Mapping[str, int] | None = None,
 ) -> RunActors:
     """Adopt the previous attempt's actors if possible (a detached run that resumes), else
     start every role at once; returns them once the groups and enough engines are ready.
+
+    `zero_ranks` gives a ZeRO-3 role other ranks than the spec's (`RunContext.zero_ranks`).
 
     `on_engines_change(live, desired)` hears about every change in the number of live rollout
     engines, from now on (the rollout keeps calling it); `on_reward_models_change` the same for
@@ -452,13 +480,20 @@ def start_actors(
     launcher = engine_launcher(spec, detached=detached)
     adopted = None
     if detached and resume:
-        adopted = adopt(spec, launcher, total_steps=total_steps, timeout_s=adopt_timeout_s, log=log)
+        adopted = adopt(
+            spec,
+            launcher,
+            total_steps=total_steps,
+            timeout_s=adopt_timeout_s,
+            log=log,
+            zero_ranks=zero_ranks,
+        )
     if adopted is None:
         check_model_config(spec)
         if detached:
             kill_job_actors(log)  # whatever an earlier attempt left is not trusted
         log("starting actors")
-        groups = start_groups(spec, total_steps, detached=detached)
+        groups = start_groups(spec, total_steps, detached=detached, zero_ranks=zero_ranks)
     else:
         groups = adopted.groups
     reward_models = None

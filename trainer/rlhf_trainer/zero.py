@@ -69,8 +69,9 @@ def zero_stage(world_size: int, on_gpu: bool) -> int:
     """ZeRO-3 wherever partitioning pays (several ranks; every CPU run, which tests the
     partitioned path), a lighter stage on one GPU. `RLHF_ZERO_STAGE` overrides it (benchmarks).
 
-    The job's spec and the checkpoint layout (one DeepSpeed checkpoint per role) do not
-    depend on the stage, and a job's world size, hence its stage, never changes.
+    Neither the job's spec nor the checkpoint layout depends on the stage: a group that
+    restarts with other ranks may change stage (two GPUs ZeRO-3, then one ZeRO-2), and its
+    checkpoint loads across (`rlhf_trainer.reshard`).
     """
     override = os.environ.get("RLHF_ZERO_STAGE")
     if override:
