@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from rlhf_local import cluster, dashboards, faults
+from rlhf_local import cluster, dashboards, faults, objectstore
 from rlhf_local import prometheus as prom
 from rlhf_local.faults import TrainingRecord
 from rlhf_local.jobs import Jobs
@@ -34,6 +34,7 @@ from rlhf_local.prometheus import Prometheus
 from rlhf_local.standin import SCRAPE_TARGETS
 from rlhf_local.testing import LocalCluster, wait_for
 from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
+from rlhf_trainer.object_store import BucketTier
 
 pytestmark = pytest.mark.e2e
 
@@ -445,6 +446,47 @@ def test_7_operator_restart_mid_job_makes_no_duplicate_cluster_or_submission(
     assert len(submissions) == 1, f"{submissions}\n{run.explain()}"
     run.assert_recovered([])
     assert run.jobs.event_reasons(run.name).count("Submitted") == 1
+
+
+def test_10_a_cluster_deleted_with_its_volumes_checkpoints_resumes_from_the_bucket(
+    fault_run: Any, jobs: Jobs, s3_bucket: str
+) -> None:
+    """Checkpoints go to the volume every 4 steps and to a real S3 bucket every 8, in the
+    background; the RayCluster is deleted and the volume loses every checkpoint: the new
+    cluster's trainer resumes from the newest complete one in the bucket."""
+    keys = objectstore.credentials()
+    jobs.lc.core.create_namespaced_secret(jobs.namespace, {
+        "metadata": {"name": "bucket-keys"},
+        "stringData": {"AWS_ACCESS_KEY_ID": keys.access_key_id,
+                       "AWS_SECRET_ACCESS_KEY": keys.secret_access_key},
+    })  # fmt: skip
+    store = {"bucket": s3_bucket, "endpoint": objectstore.endpoint_url(),
+             "credentialsSecret": "bucket-keys", "intervalSteps": 8, "keepLast": 2}  # fmt: skip
+    run = fault_run("bucket", checkpoint={"objectStore": store})
+    bucket = BucketTier(objectstore.client(), s3_bucket, f"{run.jobs.namespace}/{run.name}/", 2)
+    wait_for(lambda: bucket.complete() and run.record.last_step() > bucket.complete()[0].step,
+             JOB_TIMEOUT, "a checkpoint in the bucket and a step after it",
+             details=run.explain)  # fmt: skip
+    status = run.status()
+    pid = faults.driver_pid(run.jobs.dashboard(run.name), status["submissionId"],
+                            run.jobs.ray_token(run.name))  # fmt: skip
+    assert pid is not None
+    jobs.lc.custom.delete_namespaced_custom_object(
+        "ray.io", "v1", jobs.namespace, "rayclusters", run.name
+    )
+    wait_for(lambda: not process_alive(pid), 120, "the old driver to die with its cluster")
+    newest = bucket.complete()[0].step  # an upload the driver did not finish is not complete
+    for step in run.record.checkpoint_steps():
+        faults.remove_checkpoint(run.record.step_dir(step))
+    assert run.record.checkpoint_steps() == []
+    restart = run.wait_for_restart(timeout=240)
+    assert restart["reason"] == "HeadLost" and "deleted" in restart["message"], restart
+    done = run.jobs.wait_phase(run.name, "Succeeded", JOB_TIMEOUT, run.operator)["status"]
+    problems = run.record.lineage_problems([newest], run.total_steps)
+    assert not problems, f"{problems}\n{run.explain()}"
+    assert newest in run.record.checkpoint_steps(), "downloaded back onto the volume"
+    assert [u.step for u in bucket.complete()] == [24, 16], "the last step's, keepLast 2"
+    assert done["restartCount"] == 1
 
 
 # --- 8-9: failures that must end the job ------------------------------------------------------
