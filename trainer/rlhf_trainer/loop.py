@@ -146,10 +146,10 @@ class Trainer:
         self.context = context
         self.total_steps = topology.total_steps(spec, len(inputs.prompts))
         self.run_dir = Path(contract.checkpoint_dir(job))
-        self.store = TieredCheckpoints.for_job(job, self.run_dir)
         self.data = self._prompt_iterator(DataPosition())
         self.attempt = context.attempt
         self.metrics = m.TrainerMetrics(jsonl_path=self.run_dir / STEP_LOG, attempt=self.attempt)
+        self.store = TieredCheckpoints.for_job(job, self.run_dir, self.metrics.record_upload)
         self.heartbeat = make_heartbeat(
             context.job_name,
             context.job_namespace,

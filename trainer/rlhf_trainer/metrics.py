@@ -49,6 +49,9 @@ POLICY_LOSS = "rlhf_trainer_policy_loss"
 VALUE_LOSS = "rlhf_trainer_value_loss"
 POLICY_VERSION_LAG = "rlhf_trainer_policy_version_lag"
 CHECKPOINTS_TOTAL = "rlhf_trainer_checkpoints_total"
+CHECKPOINT_UPLOAD_SECONDS = "rlhf_trainer_checkpoint_upload_seconds"
+CHECKPOINT_UPLOAD_FAILURES_TOTAL = "rlhf_trainer_checkpoint_upload_failures_total"
+CHECKPOINT_UPLOADED_STEP = "rlhf_trainer_checkpoint_uploaded_step"
 ROLLOUT_ENGINES = "rlhf_trainer_rollout_engines"
 STARTUP_SECONDS = "rlhf_trainer_startup_seconds"
 DATASET_PROMPTS = "rlhf_trainer_dataset_prompts"
@@ -70,6 +73,9 @@ METRIC_NAMES = (
     VALUE_LOSS,
     POLICY_VERSION_LAG,
     CHECKPOINTS_TOTAL,
+    CHECKPOINT_UPLOAD_SECONDS,
+    CHECKPOINT_UPLOAD_FAILURES_TOTAL,
+    CHECKPOINT_UPLOADED_STEP,
     ROLLOUT_ENGINES,
     STARTUP_SECONDS,
     DATASET_PROMPTS,
@@ -129,6 +135,7 @@ _STANDARD_RECORD_KEYS = frozenset(
         "weight_sync_seconds",
         "weight_sync_bytes",
         "checkpoints",
+        "upload_seconds",
         "rollout_engines",
         "reward_components",
         "attempt",
@@ -233,6 +240,22 @@ class TrainerMetrics:
         self.checkpoints = Counter(
             _counter_base(CHECKPOINTS_TOTAL), "Checkpoints completed.", registry=registry
         )
+        self.upload_duration = Histogram(
+            CHECKPOINT_UPLOAD_SECONDS,
+            "Seconds each checkpoint took to upload to the bucket (in the background).",
+            buckets=DURATION_BUCKETS_SECONDS,
+            registry=registry,
+        )
+        self.upload_failures = Counter(
+            _counter_base(CHECKPOINT_UPLOAD_FAILURES_TOTAL),
+            "Checkpoint uploads given up (training goes on; the next one is uploaded).",
+            registry=registry,
+        )
+        self.uploaded_step = Gauge(
+            CHECKPOINT_UPLOADED_STEP,
+            "Step of the newest checkpoint complete in the bucket.",
+            registry=registry,
+        )
         self.rollout_engines = Gauge(
             ROLLOUT_ENGINES,
             "Rollout engines: live (generating) and desired (the role's slots).",
@@ -265,6 +288,7 @@ class TrainerMetrics:
             "weight_sync_seconds": 0.0,
             "weight_sync_bytes": 0,
             "checkpoints": 0,
+            "upload_seconds": 0.0,
         }
 
     def begin_step(self) -> None:
@@ -335,6 +359,17 @@ class TrainerMetrics:
         self.checkpoints.inc()
         with self._lock:
             self._pending["checkpoints"] += 1
+
+    def record_upload(self, step: int, seconds: float, ok: bool) -> None:
+        """A background upload of checkpoint `step` ended (any thread): its time goes to the
+        step during which it ended, so a step log shows which steps an upload overlapped."""
+        if ok:
+            self.upload_duration.observe(seconds)
+            self.uploaded_step.set(step)
+        else:
+            self.upload_failures.inc()
+        with self._lock:
+            self._pending["upload_seconds"] += seconds
 
     def end_step(
         self,

@@ -27,7 +27,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,11 +232,17 @@ class BucketTier:
         return doomed
 
 
+UploadDone = Callable[[int, float, bool], None]
+"""Called from the upload thread when one ends: (step, seconds, whether it succeeded)."""
+
+
 class Uploader:
     """A background thread that uploads checkpoints in the order they were saved."""
 
-    def __init__(self, store: CheckpointStore, bucket: BucketTier) -> None:
-        self.store, self.bucket = store, bucket
+    def __init__(
+        self, store: CheckpointStore, bucket: BucketTier, on_done: UploadDone | None = None
+    ) -> None:
+        self.store, self.bucket, self.on_done = store, bucket, on_done
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0
@@ -271,20 +277,23 @@ class Uploader:
 
     def _run(self) -> None:
         while (step := self._queue.get()) is not None:
-            started = time.monotonic()
+            started, ok = time.monotonic(), False
             try:
                 checkpoint = self.store.read(step, verify_hashes=False)
                 sent = self.bucket.upload(checkpoint)
                 self.bucket.prune()
-                self.uploaded_step = step
+                self.uploaded_step, ok = step, True
                 logger.info("uploaded checkpoint %d (%d bytes) to %s", step, sent,
                             self.bucket.url(step))  # fmt: skip
             except Exception:
                 self.failures += 1
                 logger.exception("upload of checkpoint %d failed; training goes on", step)
             finally:
-                self.seconds += time.monotonic() - started
+                took = time.monotonic() - started
+                self.seconds += took
                 self.store.unpin(step)
+                if self.on_done is not None:
+                    self.on_done(step, took, ok)
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()
@@ -295,17 +304,23 @@ class TieredCheckpoints:
     one checkpoint store for the driver. Without a bucket it is the volume's store alone."""
 
     def __init__(
-        self, store: CheckpointStore, bucket: BucketTier | None, upload_interval: int | None
+        self,
+        store: CheckpointStore,
+        bucket: BucketTier | None,
+        upload_interval: int | None,
+        on_upload: UploadDone | None = None,
     ) -> None:
         self.local, self.bucket = store, bucket
         self.upload_interval = upload_interval
-        self.uploader = Uploader(store, bucket) if bucket is not None else None
+        self.uploader = Uploader(store, bucket, on_upload) if bucket is not None else None
 
     @classmethod
-    def for_job(cls, job: RLHFJob, root: Path) -> TieredCheckpoints:
+    def for_job(
+        cls, job: RLHFJob, root: Path, on_upload: UploadDone | None = None
+    ) -> TieredCheckpoints:
         checkpoint = job.spec.checkpoint
         store = CheckpointStore(root, keep_last=checkpoint.keep_last)
-        return cls(store, BucketTier.for_job(job), checkpoint.upload_interval_steps)
+        return cls(store, BucketTier.for_job(job), checkpoint.upload_interval_steps, on_upload)
 
     @property
     def root(self) -> Path:
