@@ -7,7 +7,10 @@ server, filer, S3 gateway and SeaweedFS's admin server in one process; the binar
 every port is chosen once and kept in ``cluster.json`` (`paths.load_ports`), and S3 requests
 must be signed by the one identity of ``objectstore/s3.json``, made from an access key and
 secret generated at the first start and kept in ``objectstore/credentials.json``: there is no
-anonymous access. Ready means an authenticated ListBuckets succeeds.
+anonymous access. Ready means an authenticated ListBuckets succeeds and the master is past
+its warm-up: started on existing data, SeaweedFS's master refuses new volume assignments for
+15 s (three of its 5 s heartbeats, not configurable) and a write waits that out, so readiness
+does too (about 4 s from a fresh data dir, about 15 s from a kept one).
 
 Why ``mini`` and not ``weed server -s3``: mini runs its master in single-master mode (leader
 at once; ``weed server`` resumes its raft state and had no leader, so no writes, for 17 s
@@ -41,6 +44,8 @@ import re
 import secrets
 import shutil
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -76,6 +81,9 @@ PORT_NAMES = tuple(f"{COMPONENT}-{role}" for role in ROLES)
 IDENTITY = "rlhf-local"
 #: S3 needs a region to sign requests with; SeaweedFS accepts any.
 REGION = "us-east-1"
+#: A volume id no volume has. The master's lookup of it answers 503 while it warms up after a
+#: start on existing data (new assignments, so writes, wait until then) and 404 after.
+NO_SUCH_VOLUME = 2**32 - 1
 #: Where SeaweedFS puts its unix sockets, named by port (hard-coded there, not a flag for the
 #: gRPC ones); `stop` removes those of our ports.
 SOCKET_DIR = Path("/tmp")
@@ -252,13 +260,27 @@ def client(root: Path | None = None, *, creds: Credentials | None = None, attemp
     )
 
 
+def master_warmed_up(root: Path | None = None) -> bool:
+    """The master assigns new volumes now (no longer warming up; see NO_SUCH_VOLUME)."""
+    port = _port(read_ports(_layout(root).root), "master")
+    url = f"http://127.0.0.1:{port}/dir/lookup?volumeId={NO_SUCH_VOLUME}"
+    try:
+        with urllib.request.urlopen(url, timeout=3):
+            return True
+    except urllib.error.HTTPError as err:
+        return err.code == 404
+    except OSError:  # not listening yet
+        return False
+
+
 def ready(root: Path | None = None) -> bool:
-    """An authenticated ListBuckets succeeds now (one try, no retries)."""
+    """An authenticated ListBuckets succeeds (one try, no retries) and writes would not wait
+    for the master's warm-up."""
     try:
         client(root, attempts=1).list_buckets()
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
         return False
-    return True
+    return master_warmed_up(root)
 
 
 def log_tail(root: Path | None = None, lines: int = 40) -> str:
