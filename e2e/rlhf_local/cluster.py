@@ -8,7 +8,8 @@ Public API (also used by ``rlhfjob local up|down``)::
         it on a running cluster only re-checks health and re-applies CRDs and nodes.
     down(*, keep_data: bool = False, echo: bool = True) -> None
         Stop every process `up` started (stand-in Ray clusters included), sweep orphans, and
-        delete etcd's data unless `keep_data`. Logs and certificates stay.
+        delete etcd's data and the object store's buckets unless `keep_data`. Logs,
+        certificates and the object store's credentials stay.
     status() -> dict[str, int | None]
         Pid of each component, or None when it is not running.
     is_running() -> bool
@@ -17,10 +18,10 @@ Public API (also used by ``rlhfjob local up|down``)::
         Whether one component answers its health check now.
     restart(name, *, timeout=120.0, echo=True) -> float
         Stop one component of a running cluster (etcd, kube-apiserver, kueue or objectstore)
-        and start it
-        again in place: same data, ports, certificates and flags; wait until it, and the API
-        server when it is etcd, are healthy again. `stopped(name)` is the same as a context manager
-        (down for the body), built on `stop_component` and `start_component`.
+        and start it again in place: same data, ports, certificates and flags; wait until it,
+        and the API server when it is etcd, are healthy again. `stopped(name)` is the same as
+        a context manager (down for the body), built on `stop_component` and
+        `start_component`.
 
 The S3-compatible object store (SeaweedFS, `rlhf_local.objectstore`) is one of the components:
 `up` starts it first (it needs nothing else) and waits for it last.
@@ -381,7 +382,7 @@ def _health_checks(lay: Layout, ports: dict[str, int]) -> dict[str, Callable[[],
         # Ready once its certificates are in place and its webhook server listens.
         "kueue": ok(f"http://127.0.0.1:{ports['kueue-probe']}/readyz"),
         "standin-ray": lambda: (lay.standin / "ready").exists(),
-        # An authenticated ListBuckets succeeds.
+        # An authenticated ListBuckets succeeds and writes would not wait (objectstore.ready).
         objectstore.COMPONENT: lambda: objectstore.ready(lay.root),
     }
 
