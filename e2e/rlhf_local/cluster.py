@@ -8,7 +8,8 @@ Public API (also used by ``rlhfjob local up|down``)::
         it on a running cluster only re-checks health and re-applies CRDs and nodes.
     down(*, keep_data: bool = False, echo: bool = True) -> None
         Stop every process `up` started (stand-in Ray clusters included), sweep orphans, and
-        delete etcd's data unless `keep_data`. Logs and certificates stay.
+        delete etcd's data and the object store's buckets unless `keep_data`. Logs,
+        certificates and the object store's credentials stay.
     status() -> dict[str, int | None]
         Pid of each component, or None when it is not running.
     is_running() -> bool
@@ -16,10 +17,14 @@ Public API (also used by ``rlhfjob local up|down``)::
     healthy(name) -> bool
         Whether one component answers its health check now.
     restart(name, *, timeout=120.0, echo=True) -> float
-        Stop one component of a running cluster (etcd, kube-apiserver or kueue) and start it
-        again in place: same data, ports, certificates and flags; wait until it, and the API
-        server when it is etcd, are healthy again. `stopped(name)` is the same as a context manager
-        (down for the body), built on `stop_component` and `start_component`.
+        Stop one component of a running cluster (etcd, kube-apiserver, kueue or objectstore)
+        and start it again in place: same data, ports, certificates and flags; wait until it,
+        and the API server when it is etcd, are healthy again. `stopped(name)` is the same as
+        a context manager (down for the body), built on `stop_component` and
+        `start_component`.
+
+The S3-compatible object store (SeaweedFS, `rlhf_local.objectstore`) is one of the components:
+`up` starts it first (it needs nothing else) and waits for it last.
 
 Processes run detached, in their own sessions, with output in ``<local dir>/logs/<name>.log``;
 see rlhf_local.paths for the directories and docs/local-cluster.md for the whole picture.
@@ -34,7 +39,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -47,9 +51,9 @@ from typing import Any
 
 import yaml
 
-from rlhf_local import pki, pools, procs
+from rlhf_local import objectstore, pki, pools, procs
 from rlhf_local.build import Binaries, ensure_binaries
-from rlhf_local.paths import REPO_ROOT, kubeconfig_path, local_dir
+from rlhf_local.paths import REPO_ROOT, kubeconfig_path, load_ports, local_dir, state_file
 
 #: Start order; `down` stops in reverse.
 COMPONENTS = (
@@ -61,6 +65,7 @@ COMPONENTS = (
     "kuberay-operator",
     "kueue",
     "standin-ray",
+    objectstore.COMPONENT,
 )
 PORT_NAMES = (
     "etcd",
@@ -73,6 +78,7 @@ PORT_NAMES = (
     "kuberay-probe",
     "kueue-webhook",
     "kueue-probe",
+    *objectstore.PORT_NAMES,
 )
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
@@ -110,7 +116,7 @@ class Layout:
         self.etcd_data = root / "etcd"
         self.kubeconfigs = root / "kubeconfigs"
         self.standin = root / "standin"
-        self.state = root / "cluster.json"
+        self.state = state_file(root)
         self.bin = root / "bin"
         self.kubeconfig = kubeconfig_path()
         self.kueue_pki = self.pki / "kueue"
@@ -166,38 +172,9 @@ def wait_until(
         delay = min(delay * 1.5, 1.0)
 
 
-def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
-    """Distinct free loopback ports (all sockets held open until every port is chosen)."""
-    socks = []
-    try:
-        for _ in names:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return {n: s.getsockname()[1] for n, s in zip(names, socks, strict=True)}
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _load_ports(lay: Layout) -> dict[str, int]:
-    """Ports chosen at the first `up` of this state dir, reused so kubeconfigs stay valid.
-
-    A name added since (a new component) gets a free port of its own; the others keep theirs.
-    """
-    ports: dict[str, int] = {}
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        ports = {k: int(v) for k, v in json.loads(lay.state.read_text())["ports"].items()}
-    missing = tuple(n for n in PORT_NAMES if n not in ports)
-    if not missing:
-        return ports
-    while True:
-        new = _free_ports(missing)
-        if not set(new.values()) & set(ports.values()):
-            break
-    ports.update(new)
-    lay.state.write_text(json.dumps({"ports": ports}, indent=2) + "\n")
-    return ports
+    """Ports chosen at the first `up` of this state dir, reused so kubeconfigs stay valid."""
+    return load_ports(lay.root, PORT_NAMES)
 
 
 def _b64(path: Path) -> str:
@@ -405,6 +382,8 @@ def _health_checks(lay: Layout, ports: dict[str, int]) -> dict[str, Callable[[],
         # Ready once its certificates are in place and its webhook server listens.
         "kueue": ok(f"http://127.0.0.1:{ports['kueue-probe']}/readyz"),
         "standin-ray": lambda: (lay.standin / "ready").exists(),
+        # An authenticated ListBuckets succeeds and writes would not wait (objectstore.ready).
+        objectstore.COMPONENT: lambda: objectstore.ready(lay.root),
     }
 
 
@@ -579,6 +558,9 @@ def _start_missing(
         if name == "standin-ray":
             (lay.standin / "ready").unlink(missing_ok=True)
         _echo(echo, f"starting {name}")
+        if name == objectstore.COMPONENT:  # its config and credentials files, its environment
+            objectstore.launch(bins.weed, lay.root, ports)
+            continue
         procs.start(
             name,
             _argv(name, bins, lay, ports, kcfg),
@@ -622,6 +604,8 @@ def up(*, timeout: float = 600.0, echo: bool = True) -> Path:
         pki.ensure_pki(lay.pki, SERVICE_IP)
         kcfg = _kubeconfigs(lay, ports)
         checks = _health_checks(lay, ports)
+        # Needs nothing else: it starts while the control plane does.
+        _start_missing((objectstore.COMPONENT,), bins, lay, ports, kcfg, echo)
 
         core = COMPONENTS[:5]
         _start_missing(core[:1], bins, lay, ports, kcfg, echo)
@@ -672,6 +656,7 @@ RESTARTABLE: dict[str, tuple[str, ...]] = {
     "etcd": ("etcd", "kube-apiserver"),
     "kube-apiserver": ("kube-apiserver",),
     "kueue": ("kueue",),
+    objectstore.COMPONENT: (objectstore.COMPONENT,),
 }
 
 
@@ -699,6 +684,13 @@ def _kubeconfig_paths(lay: Layout) -> dict[str, Path]:
     }
 
 
+def _stop(lay: Layout, name: str, grace: float = 15.0) -> bool:
+    """SIGTERM one component's process group (SIGKILL after `grace`); True when it ran."""
+    if name == objectstore.COMPONENT:  # also removes its unix sockets
+        return objectstore.stop_process(lay.root, grace)
+    return procs.stop(lay.pid(name), grace)
+
+
 def stop_component(name: str, *, echo: bool = True) -> None:
     """Stop one running component (SIGTERM, like `down`); its data, ports and certificates stay.
 
@@ -707,7 +699,7 @@ def stop_component(name: str, *, echo: bool = True) -> None:
     _restartable(name)
     lay = Layout(local_dir())
     with procs.file_lock(lay.root):
-        if not procs.stop(lay.pid(name)):
+        if not _stop(lay, name):
             raise RuntimeError(f"{name} is not running")
     _echo(echo, f"stopped {name}")
 
@@ -752,18 +744,20 @@ def _orphans(lay: Layout) -> list[int]:
     for pid in procs.find_by_cmdline(str(lay.root)):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         exe = cmdline[0].decode(errors="replace")
-        if exe.endswith(("/kube", "/ray-operator", "/kueue")) or b"rlhf_local.standin" in cmdline:
+        binaries = ("/kube", "/ray-operator", "/kueue", "/weed")
+        if exe.endswith(binaries) or b"rlhf_local.standin" in cmdline:
             found.add(pid)
     return sorted(found)
 
 
 def down(*, keep_data: bool = False, echo: bool = True) -> None:
-    """Stop everything `up` started, sweep orphans, and drop etcd data unless `keep_data`."""
+    """Stop everything `up` started, sweep orphans, and drop etcd's data and the object store's
+    buckets unless `keep_data` (the store's credentials stay, like the certificates)."""
     lay = Layout(local_dir())
     with procs.file_lock(lay.root):
         for name in reversed(COMPONENTS):
             # The stand-in tears its Ray clusters down on SIGTERM; give it time for that.
-            if procs.stop(lay.pid(name), grace=30.0 if name == "standin-ray" else 15.0):
+            if _stop(lay, name, grace=30.0 if name == "standin-ray" else 15.0):
                 _echo(echo, f"stopped {name}")
         orphans = _orphans(lay)
         if orphans:
@@ -773,12 +767,17 @@ def down(*, keep_data: bool = False, echo: bool = True) -> None:
         shutil.rmtree(lay.standin, ignore_errors=True)
         if not keep_data:
             shutil.rmtree(lay.etcd_data, ignore_errors=True)
+            objectstore.remove_data(lay.root)
 
 
 def _print_status() -> None:
     for name, pid in status().items():
         print(f"{name:26} {'running, pid ' + str(pid) if pid else 'stopped'}")
     print(f"kubeconfig: {kubeconfig_path()}")
+    root = local_dir()
+    if objectstore.is_running(root):
+        store = objectstore.Layout(root)
+        print(f"object store (S3): {objectstore.endpoint_url(root)}, keys in {store.credentials}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,12 +2,18 @@
 
 ``RLHF_CACHE_DIR`` (default ``~/.cache/rlhfjob``) holds compiled binaries keyed by version so
 that a fresh clone reuses them. ``RLHF_LOCAL_DIR`` (default ``<repo>/.local/cluster``) holds a
-running cluster's certificates, kubeconfigs, logs and pid files; it is gitignored.
+running cluster's certificates, kubeconfigs, logs and pid files; it is gitignored. Its
+``cluster.json`` is the one registry of the loopback ports every component listens on
+(`load_ports`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 #: The e2e/ directory of the repository (this package lives in e2e/rlhf_local).
@@ -30,3 +36,49 @@ def local_dir() -> Path:
 def kubeconfig_path() -> Path:
     """Admin kubeconfig of the local cluster (client certificate in system:masters)."""
     return local_dir() / "kubeconfig"
+
+
+def state_file(root: Path) -> Path:
+    """``cluster.json`` of a state directory: the ports chosen at its first `up`."""
+    return root / "cluster.json"
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (all sockets held open until every port is chosen)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def read_ports(root: Path) -> dict[str, int]:
+    """Every port recorded in `root`'s ``cluster.json`` (empty when there is none yet)."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        data = json.loads(state_file(root).read_text())["ports"]
+        return {k: int(v) for k, v in data.items()}
+    return {}
+
+
+def load_ports(root: Path, names: Iterable[str]) -> dict[str, int]:
+    """The ports of `names`, chosen once per state dir and kept, so kubeconfigs, endpoints and
+    credentials stay valid across restarts. A name not recorded yet (a new component) gets a
+    free port that no recorded name uses; the others keep theirs. Returns every recorded port.
+    The caller holds the state dir's lock (`procs.file_lock`)."""
+    ports = read_ports(root)
+    missing = [n for n in names if n not in ports]
+    if not missing:
+        return ports
+    while True:
+        new = dict(zip(missing, _free_ports(len(missing)), strict=True))
+        if not set(new.values()) & set(ports.values()):
+            break
+    ports.update(new)
+    root.mkdir(parents=True, exist_ok=True)
+    state_file(root).write_text(json.dumps({"ports": ports}, indent=2) + "\n")
+    return ports

