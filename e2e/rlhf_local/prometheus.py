@@ -50,7 +50,7 @@ SHORT_ALERTS: dict[str, Any] = {
     "hungWindow": "10m",
     "restartsUsedRatio": 0.3,
     "degradedFor": "5s",
-    "provisioningFor": "5s",
+    "provisioningFor": "1s",  # a fast provisioning lasts a few seconds here
     "noProgressFor": "3s",
     "operatorDownFor": "0s",
     "reconcileErrorRatio": 0,
