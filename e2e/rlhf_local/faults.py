@@ -130,13 +130,16 @@ def node_drain(jobs: Jobs, cluster: str) -> Iterator[tuple[str, subprocess.Popen
         local.kubectl("uncordon", node)
 
 
-@contextlib.contextmanager
-def pool_cordoned(jobs: Jobs, cluster: str, group: str) -> Iterator[list[str]]:
-    """Cordon every node a `group` pod of `cluster` may land on (its nodeSelector), so a lost
-    pod of the group is not replaced, as when its node pool is full or its node is gone. Yields
-    the nodes; they are uncordoned on leaving (earlier by `uncordon`)."""
-    from rlhf_local import cluster as local
+FULL_TAINT = {"key": "rlhf.dev/full", "value": "true", "effect": "NoSchedule"}
+"""What `pool_full` puts on a pool's nodes: no new pod fits, the running ones stay."""
 
+
+@contextlib.contextmanager
+def pool_full(jobs: Jobs, cluster: str, group: str) -> Iterator[list[str]]:
+    """Make every node a `group` pod of `cluster` may land on (its nodeSelector) take no new
+    pod, as when its node pool is full, so a lost pod of the group is not replaced. A NoSchedule
+    taint, not a cordon: the operator reads a cordoned trainer node as a node drain and moves
+    the job off it. Yields the nodes; the taint goes on leaving (earlier by `make_room`)."""
     body = jobs.ray_cluster(cluster)
     assert body is not None, f"no RayCluster {cluster}"
     (spec,) = [g for g in body["spec"]["workerGroupSpecs"] if g["groupName"] == group]
@@ -145,19 +148,29 @@ def pool_cordoned(jobs: Jobs, cluster: str, group: str) -> Iterator[list[str]]:
     listed = jobs.lc.core.list_node(label_selector=labels).items
     nodes = [str(n.metadata.name) for n in listed if n.metadata is not None]
     assert nodes, f"no node matches {group}'s nodeSelector {selector}"
-    for node in nodes:
-        local.kubectl("cordon", node)
+    for name in nodes:
+        taints = [*_taints(jobs, name), FULL_TAINT]
+        jobs.lc.core.patch_node(name, {"spec": {"taints": taints}})
     try:
         yield nodes
     finally:
-        uncordon(nodes)
+        make_room(jobs, nodes)
 
 
-def uncordon(nodes: list[str]) -> None:
-    from rlhf_local import cluster as local
+def make_room(jobs: Jobs, nodes: list[str]) -> None:
+    """Take `pool_full`'s taint off `nodes`."""
+    for name in nodes:
+        taints = [t for t in _taints(jobs, name) if t["key"] != FULL_TAINT["key"]]
+        jobs.lc.core.patch_node(name, {"spec": {"taints": taints}})
 
-    for node in nodes:
-        local.kubectl("uncordon", node)
+
+def _taints(jobs: Jobs, node: str) -> list[dict[str, Any]]:
+    spec = jobs.lc.core.read_node(node).spec
+    taints = spec.taints if spec is not None and spec.taints else []
+    return [
+        {field: value for field in ("key", "value", "effect") if (value := getattr(t, field))}
+        for t in taints
+    ]
 
 
 def remove_checkpoint(step_dir: Path) -> None:

@@ -334,9 +334,9 @@ def test_4_lost_trainer_pods_shrink_then_grow_the_elastic_trainer_and_a_node_dra
     trainer = {"replicas": 2, "minReplicas": 1, "replacementTimeoutSeconds": 5}
     run = fault_run("rank", roles={"trainer": trainer}, algorithm={"totalSteps": 160})
     run.wait_past_checkpoint()
-    # The training pool is full (cordoned), so the lost pod is not replaced: after the timeout
-    # training resumes from the checkpoint on the one replica left, and the job is Degraded.
-    with faults.pool_cordoned(run.jobs, run.name, "trainer"):
+    # The training pool is full, so the lost pod is not replaced: after the timeout training
+    # resumes from the checkpoint on the one replica left, and the job is Degraded.
+    with faults.pool_full(run.jobs, run.name, "trainer"):
         faults.delete_pod(run.jobs, run.name, "trainer")
         restart = run.wait_for_restart()
         assert restart["reason"] in ("TrainerPodLost", "TrainerFailed"), restart
