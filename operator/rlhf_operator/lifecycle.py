@@ -717,13 +717,11 @@ class _Planner:
             if self.status.submission_id == self.attempt_id():
                 # Gone under this attempt's trainer, and not by the operator's doing (it moves
                 # to the next attempt, or forgets the submission, first): someone deleted it.
-                self.restart(
-                    RestartReason.HEAD_LOST,
-                    "the RayCluster was deleted under the running trainer",
-                    last_alive=self.status.last_heartbeat_time,
-                )
+                gone = "the RayCluster was deleted under the running trainer"
+                self.restart(RestartReason.HEAD_LOST, gone, self.status.last_heartbeat_time)
                 if self.status.phase.terminal:
                     return
+                self.condition(TRAINER_RUNNING, False, RestartReason.HEAD_LOST, gone)
             self.status.submission_id = None  # no Ray job outlives its cluster
             if refused is not None:
                 self.wait_for_apply(refused)

@@ -1266,7 +1266,14 @@ def test_a_cluster_deleted_under_the_running_trainer_is_a_head_lost_restart() ->
     assert (record.reason, record.resumed_from_step) == ("HeadLost", 8)
     assert "deleted under the running trainer" in record.message
     assert plan.status.restart_count == 1 and plan.status.submission_id is None
+    assert condition(plan, "TrainerRunning").status == "False"  # a new head is no second loss
     # The operator's own deletions are not counted again: after the restart, or a move off a
     # drained node (which forgets the submission first), the cluster's absence is expected.
     again = decide(Observed(job=make_job(plan.status.wire()), now=at(101), created=at(0)))
     assert again.status.restart_count == 1
+    # Nor is the new cluster's head, younger than the trainer that ran on the old one.
+    new = ready_cluster(105, head_created=at(106))
+    resumed = decide(Observed(job=make_job(again.status.wire()), now=at(110), created=at(0),
+                              cluster=new))  # fmt: skip
+    assert resumed.status.restart_count == 1
+    assert SubmitRayJob("job-12345678-1", resume=True) in resumed.actions
