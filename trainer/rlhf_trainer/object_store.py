@@ -75,6 +75,10 @@ def s3_client(job: RLHFJob, environ: Mapping[str, str] = os.environ) -> Any:
         s3={"addressing_style": "path" if store.endpoint else "auto"},
         connect_timeout=10,
         read_timeout=60,
+        # The manifest's sha256 of every file is checked on download: a second checksum of
+        # every byte (CRC32 by default) would only take CPU from training.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
     )
     return boto3.client(
         "s3",
@@ -276,6 +280,7 @@ class Uploader:
         return done
 
     def _run(self) -> None:
+        _yield_cpu_to_training()
         while (step := self._queue.get()) is not None:
             started, ok = time.monotonic(), False
             try:
@@ -297,6 +302,18 @@ class Uploader:
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()
+
+
+UPLOAD_NICENESS = 10
+"""How much lower than training the upload thread runs: it takes the CPU the ranks leave."""
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower this thread's scheduling priority (Linux schedules threads on their own; best
+    effort elsewhere): an upload must not slow the training it runs beside."""
+    with contextlib.suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + UPLOAD_NICENESS)
 
 
 class TieredCheckpoints:
