@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,28 +339,37 @@ class CheckpointStore:
             with store.writing(step, data_position=loader.position.to_json()) as directory:
                 engine.save_checkpoint(str(directory))
         """
-        final_dir = self.step_dir(step)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.remove_leftovers()
         state = rng_state if rng_state is not None else capture_rng_state()
-        temp_dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_DIR_PREFIX}{step:08d}-", dir=self.root))
-        (temp_dir / MARKER_FILE).write_text("created by rlhf_trainer.checkpoint\n")
-        try:
-            yield temp_dir
-            save_rng_state(state, temp_dir / RNG_STATE_FILE)
-            self._write_manifest(temp_dir, step, data_position, extra or {})
-            self._move_into_place(temp_dir, final_dir)
-        except BaseException:
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise
-        logger.info("checkpoint for step %d complete at %s", step, final_dir)
-        self.prune()
+
+        def finish(directory: Path) -> None:
+            save_rng_state(state, directory / RNG_STATE_FILE)
+            self._write_manifest(directory, step, data_position, extra or {})
+
+        with self._staged(step, finish, "complete") as directory:
+            yield directory
 
     @contextlib.contextmanager
     def importing(self, step: int) -> Iterator[Path]:
         """Context manager yielding a fresh directory to put a copy of checkpoint `step` into,
         manifest included (a download). On exit the copy must verify, every hash, before it is
         renamed into place; else it is deleted and `CheckpointError` says why."""
+
+        def verify(directory: Path) -> None:
+            copied = read_checkpoint(directory, verify_hashes=True)
+            if copied.step != step:
+                raise CheckpointError(f"{directory}: manifest says step {copied.step}, not {step}")
+            for file_path in _content_files(directory):
+                _fsync_path(file_path)
+            _fsync_path(directory)
+
+        with self._staged(step, verify, "imported") as directory:
+            yield directory
+
+    @contextlib.contextmanager
+    def _staged(self, step: int, finish: Callable[[Path], None], done: str) -> Iterator[Path]:
+        """A fresh temporary directory for checkpoint `step` beside the others. On a normal exit
+        `finish` completes it, it is renamed into place (the commit point) and older ones are
+        pruned; if anything raises, it is deleted and nothing else changes."""
         final_dir = self.step_dir(step)
         self.root.mkdir(parents=True, exist_ok=True)
         self.remove_leftovers()
@@ -368,17 +377,12 @@ class CheckpointStore:
         (temp_dir / MARKER_FILE).write_text("created by rlhf_trainer.checkpoint\n")
         try:
             yield temp_dir
-            copied = read_checkpoint(temp_dir, verify_hashes=True)
-            if copied.step != step:
-                raise CheckpointError(f"{temp_dir}: manifest says step {copied.step}, not {step}")
-            for file_path in _content_files(temp_dir):
-                _fsync_path(file_path)
-            _fsync_path(temp_dir)
+            finish(temp_dir)
             self._move_into_place(temp_dir, final_dir)
         except BaseException:
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise
-        logger.info("checkpoint for step %d imported at %s", step, final_dir)
+        logger.info("checkpoint for step %d %s at %s", step, done, final_dir)
         self.prune()
 
     def _write_manifest(
