@@ -42,6 +42,14 @@ def tier(local_cluster: LocalCluster, s3_bucket: str) -> BucketTier:
     return BucketTier(objectstore.client(), s3_bucket, PREFIX, keep_last=2)
 
 
+def uploaded(tier: BucketTier, volume: CheckpointStore, *steps: int) -> CheckpointStore:
+    """`volume` with checkpoints of `steps`, each uploaded to the bucket."""
+    for step in steps:
+        save(volume, step)
+        tier.upload(volume.read(step))
+    return volume
+
+
 def fresh_volume(tmp_path: Path, name: str) -> CheckpointStore:
     return CheckpointStore(tmp_path / name, keep_last=10)
 
@@ -49,10 +57,7 @@ def fresh_volume(tmp_path: Path, name: str) -> CheckpointStore:
 def test_a_resume_takes_the_newest_complete_checkpoint_and_never_a_partial_one(
     tier: BucketTier, tmp_path: Path
 ) -> None:
-    volume = fresh_volume(tmp_path, "volume")
-    for step in (4, 8):
-        save(volume, step)
-        tier.upload(volume.read(step))
+    volume = uploaded(tier, fresh_volume(tmp_path, "volume"), 4, 8)
     assert [u.step for u in tier.complete()] == [8, 4]
 
     # The driver died uploading step 12: its files are there, its manifest is not.
@@ -77,10 +82,7 @@ def test_a_resume_takes_the_newest_complete_checkpoint_and_never_a_partial_one(
 def test_an_object_changed_in_the_bucket_is_refused_and_the_previous_one_used(
     tier: BucketTier, tmp_path: Path
 ) -> None:
-    volume = fresh_volume(tmp_path, "volume")
-    for step in (4, 8):
-        save(volume, step)
-        tier.upload(volume.read(step))
+    uploaded(tier, fresh_volume(tmp_path, "volume"), 4, 8)
     key = tier.key(8, "policy/fp32-rank00000.safetensors")
     tier.client.put_object(Bucket=tier.bucket, Key=key, Body=bytes([99]) * (3 << 20))  # same size
     empty = fresh_volume(tmp_path, "new-volume")
