@@ -205,8 +205,10 @@ def test_a_secret_reaches_the_driver_and_nothing_the_platform_writes(
     submission = jobs.status(name)["submissionId"]
 
     def driver_log() -> str | None:
+        # Ray echoes the entrypoint (which spells both verdicts) first: wait for a printed line.
         logs = str(jobs.ray_get(name, f"/api/jobs/{submission}/logs").get("logs", ""))
-        return logs if "secret check" in logs else None
+        verdicts = ("secret check passed:", "secret check FAILED:")
+        return logs if any(line.startswith(verdicts) for line in logs.splitlines()) else None
 
     logs = wait_for(driver_log, 120, "the driver's verdict", details=operator.log_tail)
     assert "secret check passed: HF_TOKEN WANDB_API_KEY" in logs, logs
