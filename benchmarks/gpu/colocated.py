@@ -903,6 +903,8 @@ def bench_job(args: argparse.Namespace) -> None:
         model_dir = work / "models" / "tiny"
     spec["model"]["policy"] = str(model_dir)
     job_path = work / "grpo-1gpu.yaml"
+    if args.total_steps:
+        spec["algorithm"]["totalSteps"] = args.total_steps
     total = spec["algorithm"]["totalSteps"]
     stop_after = spec["checkpoint"]["intervalSteps"] * (2 if not args.tiny else 1)
     run_dir = work / "checkpoints" / "default" / document["metadata"]["name"]
@@ -971,6 +973,9 @@ def bench_job(args: argparse.Namespace) -> None:
         last[record["step"]] = record  # a step may be logged twice around the stop
     steps = [last[s] for s in sorted(last)]
     rewards = [s["reward_mean"] for s in steps]
+    first_log = (args.out / "job-first.log").read_text()
+    stopped_at = max(int(m.group(1)) for m in STEP_LINE.finditer(first_log))
+    saves = [s["phase_seconds"]["checkpoint"] for s in steps if "checkpoint" in s["phase_seconds"]]
     report.update(
         steps=[
             {
@@ -982,6 +987,10 @@ def bench_job(args: argparse.Namespace) -> None:
         total_steps=total,
         reward_first_steps=sum(rewards[:5]) / len(rewards[:5]),
         reward_last_steps=sum(rewards[-5:]) / len(rewards[-5:]),
+        # The checkpoint the resumed run loaded: the reward goes on from where it stopped.
+        reward_before_stop=last[stopped_at]["reward_mean"],
+        reward_after_resume=last.get(stopped_at + 1, {}).get("reward_mean"),
+        checkpoint_save_seconds=saves,
         resumed_from=[
             ln
             for ln in (args.out / "job-resumed.log").read_text().splitlines()
@@ -1118,6 +1127,7 @@ def main() -> None:
             help="job: the stopped first run, the resumed run (same --work), or both",
         )
         p.add_argument("--work", default="/tmp/rlhf-gpu-job")
+        p.add_argument("--total-steps", type=int, default=0, help="job: 0 = the example's")
     p = sub.add_parser("summary")
     p.add_argument("directory", type=Path)
     args = parser.parse_args()
