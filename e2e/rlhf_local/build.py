@@ -30,15 +30,19 @@ recompiles what changed.
 `prefetch` does the network half of a cold build alone: it downloads everything the build
 would (the wrapper module's graph via the same ``go mod tidy``, the modules ``go install`` of
 KubeRay and of Kueue and ``go build`` of SeaweedFS load, KWOK's module, the kubectl/helm
-package) and compiles nothing, at
-the lowest CPU priority, so it can overlap CPU-bound work. ``task test`` runs it in the
-background during lint and the unit tiers::
+package) and compiles nothing, at the lowest CPU priority, so it can overlap CPU-bound work.
+``task test`` runs the prefetch and then the whole build in the background, at nice 19, during
+lint and the unit tiers: those leave CPU idle (one pytest process, a core waiting on the other
+rank), and a cold compile soaks it up while taking almost nothing from them::
 
     python -m rlhf_local.build                       # build (= task cluster:build)
     python -m rlhf_local.build --fetch               # prefetch, foreground (= task cluster:fetch)
-    python -m rlhf_local.build --fetch --background  # detached; output in .local/fetch.log
+    python -m rlhf_local.build --background          # prefetch + build, detached, nice 19
+    python -m rlhf_local.build --fetch --background  # prefetch only, detached
     python -m rlhf_local.build --wait                # wait for it; non-zero if it failed
     python -m rlhf_local.build --stop                # stop it if it still runs
+
+The detached run logs to ``.local/fetch.log``.
 """
 
 from __future__ import annotations
@@ -628,49 +632,60 @@ def _fetch_files(state: Path) -> tuple[Path, Path, Path]:
     return state / "fetch.log", state / "fetch.pid", state / "fetch.rc"
 
 
-def start_background_fetch(state: Path = FETCH_DIR) -> int:
-    """Start `prefetch` detached (its own session, nice 19); `wait_fetch` collects it."""
+def start_background_fetch(state: Path = FETCH_DIR, *, compile_too: bool = False) -> int:
+    """Start `prefetch` detached (its own session, nice 19), then the build when `compile_too`;
+    `wait_fetch` collects it."""
     log, pid_file, rc_file = _fetch_files(state)
     procs.stop(pid_file)
     rc_file.unlink(missing_ok=True)
     log.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "rlhf_local.build", "--fetch", "--status-file", str(rc_file)]
+    what = [] if compile_too else ["--fetch"]
+    argv = [sys.executable, "-m", "rlhf_local.build", *what, "--status-file", str(rc_file)]
     pid = procs.start("fetch", argv, log_dir=state, pid_dir=state, cwd=REPO_ROOT)
     _log(f"started in the background (pid {pid}), log: {log}", "fetch")
     return pid
 
 
 def wait_fetch(state: Path = FETCH_DIR) -> int:
-    """Wait for the background prefetch; print its summary, or its log tail when it failed."""
+    """Wait for the background run, echoing its progress; its log tail when it failed."""
     log, pid_file, rc_file = _fetch_files(state)
     if not pid_file.exists():
         _log("no background prefetch was started; the build downloads what it needs", "fetch")
         return 0
-    t0 = time.monotonic()
+    t0, shown = time.monotonic(), 0
+
+    def show_progress() -> None:
+        """Echo the run's new progress lines: a cold compile takes minutes."""
+        nonlocal shown
+        lines = (log.read_text(errors="replace") if log.exists() else "").splitlines()
+        for line in lines[shown:]:
+            if line.startswith(("[fetch]", "[build]")):
+                print(line, file=sys.stderr, flush=True)
+        shown = len(lines)
+
     if not rc_file.exists() and procs.running(pid_file) is not None:
-        _log(f"waiting for the background prefetch (log: {log})", "fetch")
+        _log(f"waiting for the background run (log: {log})", "fetch")
     while not rc_file.exists() and procs.running(pid_file) is not None:
+        show_progress()
         time.sleep(1)
     waited = time.monotonic() - t0
     text = log.read_text(errors="replace") if log.exists() else ""
     status = rc_file.read_text().strip() if rc_file.exists() else ""
     if status == "0":
-        for line in text.splitlines():
-            if line.startswith("[fetch]"):
-                print(line, file=sys.stderr)
-        _log(f"background prefetch finished (waited {waited:.0f}s for it)", "fetch")
+        show_progress()
+        _log(f"background run finished (waited {waited:.0f}s for it)", "fetch")
         return 0
     tail = "\n".join(text.splitlines()[-40:])
     why = f"exited with {status}" if status else "died without an exit status"
-    print(f"{tail}\n[fetch] FAILED: the background prefetch {why}; log: {log}", file=sys.stderr)
+    print(f"{tail}\n[fetch] FAILED: the background run {why}; log: {log}", file=sys.stderr)
     return 1
 
 
 def stop_fetch(state: Path = FETCH_DIR) -> None:
-    """Stop the background prefetch if it still runs (after a failed step, or Ctrl-C)."""
+    """Stop the background run if it still runs (after a failed step, or Ctrl-C)."""
     _, pid_file, _ = _fetch_files(state)
     if procs.stop(pid_file, grace=5.0):
-        _log("stopped the background prefetch", "fetch")
+        _log("stopped the background run", "fetch")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -680,20 +695,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--fetch", action="store_true", help="download only, compile nothing")
-    mode.add_argument("--wait", action="store_true", help="wait for a background --fetch")
-    mode.add_argument("--stop", action="store_true", help="stop a background --fetch")
+    mode.add_argument("--wait", action="store_true", help="wait for a --background run")
+    mode.add_argument("--stop", action="store_true", help="stop a --background run")
     mode.add_argument(
         "--tools",
         action="store_true",
         help="fetch only kubectl, helm, prometheus and promtool (seconds, no Go build)",
     )
     parser.add_argument(
-        "--background", action="store_true", help="with --fetch: detach, log to .local/fetch.log"
+        "--background",
+        action="store_true",
+        help="detach at nice 19 (log in .local/fetch.log): prefetch, then build unless --fetch",
     )
     parser.add_argument("--status-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.background and not args.fetch:
-        parser.error("--background goes with --fetch")
+    if args.background and (args.wait or args.stop or args.tools):
+        parser.error("--background goes with --fetch or nothing")
     if args.wait:
         return wait_fetch()
     if args.stop:
@@ -703,12 +720,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in ensure_tools().items():
             print(f"{name:14} {path}")
         return 0
-    if not args.fetch:
+    if args.background:
+        start_background_fetch(compile_too=not args.fetch)
+        return 0
+    if not args.fetch and args.status_file is None:
         for field, value in vars(ensure_binaries()).items():
             print(f"{field:14} {value if isinstance(value, Path) else f'{len(value)} files'}")
-        return 0
-    if args.background:
-        start_background_fetch()
         return 0
     _lower_priority()
     # SIGTERM (from --stop) unwinds normally: the lock is released, staging dirs are removed.
@@ -716,6 +733,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 1
     try:
         prefetch()
+        if not args.fetch:  # the detached build: compile after the downloads, still at nice 19
+            ensure_binaries()
         rc = 0
     except Exception as exc:
         if not isinstance(exc, RuntimeError):

@@ -1,22 +1,27 @@
 """What only the cluster can tell shows on the job within a minute, quoting the cause (issue 13).
 
 Each job here passes the RLHFJob schema and the operator's policy, yet cannot run: the API
-server refuses its RayCluster, or KubeRay cannot create its pods. The job must say why, in the
-cause's own words, long before `provisioningTimeoutSeconds`; a refusal that retrying cannot fix
-ends the job Failed, one that may pass (a quota) keeps it Provisioning.
+server refuses its RayCluster, KubeRay cannot create its pods, the scheduler cannot place them,
+or the kubelet cannot start a container (a Secret it names is missing). The job must say why, in
+the cause's own words, long before `provisioningTimeoutSeconds`; a refusal that retrying cannot
+fix ends the job Failed, one that may pass (a quota, a Secret created later) keeps it
+Provisioning.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from rlhf_local import pools
 from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, job_manifest
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.testing import LocalCluster, wait_for
+from rlhfjob.invalid_cases import SECRET, SECRET_ENV
 
 pytestmark = pytest.mark.e2e
 
@@ -98,3 +103,97 @@ def test_pods_kuberay_cannot_create_show_the_cause_within_a_minute(
     ready = jobs.condition("quota", "ClusterReady")
     assert ready is not None and ready["status"] == "False"
     assert ready["message"] == status["message"]
+
+
+def _cause_shown(jobs: Jobs, name: str, reason: str, words: str) -> dict[str, Any] | None:
+    """The job's status once its message quotes `words` and ClusterReady says `reason`."""
+    status = jobs.status(name)
+    ready = jobs.condition(name, "ClusterReady") or {}
+    shown = words in status.get("message", "") and ready.get("message") == status["message"]
+    return status if shown and ready.get("reason") == reason else None
+
+
+KUBELET_LESS_TAINT = {"key": "rlhf.dev/e2e-kubelet-less", "value": "yes", "effect": "NoSchedule"}
+
+
+def _kubelet_less_node(name: str, pool: str) -> dict[str, Any]:
+    """A Ready node no kubelet (and no KWOK) looks after: what the test writes into the status of
+    the pods placed on it is what they show, as a kubelet's report would be."""
+    manifest = pools.node_manifest(pools.POOLS[0], name, zone="local-a")
+    del manifest["metadata"]["annotations"][pools.KWOK_ANNOTATION]
+    manifest["metadata"]["labels"][pools.POOL_LABEL] = pool
+    manifest["spec"]["taints"] = [KUBELET_LESS_TAINT]  # for this test's head alone
+    return manifest
+
+
+def test_pods_the_scheduler_cannot_place_or_the_kubelet_cannot_start_show_why(
+    jobs: Jobs, operator: OperatorProcess, local_cluster: LocalCluster
+) -> None:
+    lc, name, pool = local_cluster, "no-secret", f"kubelet-less-{secrets.token_hex(3)}"
+    jobs.create(
+        job_manifest(
+            name,
+            jobs.namespace,
+            FINISH_AT_ONCE,
+            head={  # no such node yet
+                "nodeSelector": {pools.POOL_LABEL: pool},
+                "tolerations": [{"operator": "Equal", **KUBELET_LESS_TAINT}],
+            },
+            pods={"env": [SECRET_ENV]},  # a Secret nobody created
+            provisioningTimeoutSeconds=3600,
+        )
+    )
+    # The real scheduler's words first: no node matches the head's selector.
+    status = wait_for(
+        lambda: _cause_shown(jobs, name, "Unschedulable", "the scheduler cannot place pod"),
+        SHOWN_WITHIN_S,
+        "the scheduler's words on the job",
+        interval=0.5,
+        details=lambda: f"{jobs.status(name)}\n{operator.log_tail(60)}",
+    )
+    assert "didn't match Pod's node affinity/selector" in status["message"], status
+
+    # A node for it appears; the head is placed there, and its container cannot start: the
+    # test writes what a kubelet reports for a missing Secret (no kubelet runs here).
+    node = _kubelet_less_node(pool, pool)
+    status = node.pop("status")  # a create ignores it; the kubelet's part is a status patch
+    lc.core.create_node(node)
+    try:
+        lc.core.patch_node_status(pool, {"status": {
+            "capacity": status["capacity"], "allocatable": status["allocatable"],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "the test stands in for a kubelet"}]}})  # fmt: skip
+
+        def head_placed() -> Any:
+            found = lc.core.list_namespaced_pod(
+                jobs.namespace, label_selector="ray.io/node-type=head"
+            ).items
+            return next((p for p in found if p.spec.node_name == pool), None)
+
+        head = wait_for(head_placed, SHOWN_WITHIN_S, "the head placed on the new node")
+        container = head.spec.containers[0].name
+        said = f'secret "{SECRET["name"]}" not found'
+        lc.core.patch_namespaced_pod_status(head.metadata.name, jobs.namespace, {"status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+            "containerStatuses": [{
+                "name": container, "image": head.spec.containers[0].image, "imageID": "",
+                "ready": False, "restartCount": 0, "started": False,
+                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": said}},
+            }],
+        }})  # fmt: skip
+        status = wait_for(
+            lambda: _cause_shown(jobs, name, "ContainersNotStarting", said),
+            SHOWN_WITHIN_S,
+            "the kubelet's words on the job",
+            interval=0.5,
+            details=lambda: f"{jobs.status(name)}\n{operator.log_tail(60)}",
+        )
+        assert status["message"] == (
+            f"waiting for Ray pods: container {container} of pod {head.metadata.name} cannot "
+            f"start: CreateContainerConfigError: {said}"
+        )
+        assert status["phase"] == "Provisioning", "a Secret created later is picked up: it waits"
+    finally:
+        lc.core.delete_node(pool)

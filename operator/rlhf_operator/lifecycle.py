@@ -14,10 +14,11 @@ Succeeded and Failed are terminal: nothing brings a job back from them.
 
 What keeps a cluster from coming up shows on the job one way, whoever says it: the ClusterReady
 condition's reason names the kind of cause (`ApplyRefused`, `ClusterRejected`,
-`PodCreationFailed`, `Unschedulable`) and its message, like the job's, quotes the cause in its
-source's own words. A cause retrying cannot fix fails the job at once (an object the API server
-or KubeRay refused) or after `PERMANENT_FAILURE_GRACE_SECONDS` (pods refused by Pod Security or
-validation); any other cause is waited out until `provisioningTimeoutSeconds`.
+`PodCreationFailed`, `Unschedulable`, `ContainersNotStarting`) and its message, like the job's,
+quotes the cause in its source's own words. A cause retrying cannot fix fails the job at once
+(an object the API server or KubeRay refused) or after `PERMANENT_FAILURE_GRACE_SECONDS` (pods
+refused by Pod Security or validation); any other cause, the kubelet's included (it retries a
+missing Secret itself), is waited out until `provisioningTimeoutSeconds`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,15 @@ from rlhfjob.api import (
     RLHFJob,
     RLHFJobStatus,
 )
-from rlhfjob.contract import EventReason, ExitCode, FailureReason, FinalStatus, RestartReason
+from rlhfjob.contract import (
+    EXIT_GRACE_SECONDS,
+    PHASE_EXITING,
+    EventReason,
+    ExitCode,
+    FailureReason,
+    FinalStatus,
+    RestartReason,
+)
 
 TRAINER = "trainer"
 """The trainer's role (its worker group's name)."""
@@ -187,6 +196,8 @@ POD_CREATION_FAILED = FailureReason.POD_CREATION_FAILED.value
 """KubeRay could not create a pod (its Warning Event on the RayCluster)."""
 UNSCHEDULABLE = "Unschedulable"
 """A pod exists but the scheduler cannot place it."""
+CONTAINERS_NOT_STARTING = "ContainersNotStarting"
+"""A pod is placed but the kubelet cannot start a container (a missing Secret, an image pull)."""
 PODS_NOT_READY = "PodsNotReady"
 """No cause known: the pods are starting."""
 
@@ -775,6 +786,8 @@ class _Planner:
             ), warning.text
         if self.seen.scheduling_problem:
             return UNSCHEDULABLE, self.seen.scheduling_problem
+        if self.seen.startup_problem:
+            return CONTAINERS_NOT_STARTING, self.seen.startup_problem
         return PODS_NOT_READY, None
 
     def wait_for_apply(self, refused: ApplyRefusal) -> None:
@@ -1068,8 +1081,13 @@ class _Planner:
                          last_alive=since)  # fmt: skip
             return True
         stale = (self.seen.now - beat.renewed).total_seconds()
-        if stale > liveness.heartbeat_timeout_seconds:
+        # A driver that said it is leaving gets a grace for its exit and Ray's verdict.
+        exiting = beat.phase == PHASE_EXITING
+        allowed = liveness.heartbeat_timeout_seconds + (EXIT_GRACE_SECONDS if exiting else 0)
+        if stale > allowed:
             evidence = f"last heartbeat {stale:.0f}s ago at step {beat.step}"
+            if exiting:
+                evidence += ", after it said it was exiting"
             self.condition(HEALTHY, False, "HeartbeatTimeout", evidence)
             self.act(StopRayJob(ray_job.submission_id))
             self.restart(RestartReason.TRAINER_HUNG, evidence, last_alive=beat.renewed)
@@ -1087,7 +1105,7 @@ class _Planner:
         # Not "renewed Ns ago": a message that changes on every reconcile is a write each time
         # (the renewal itself is status.lastHeartbeatTime).
         self.condition(HEALTHY, True, "Heartbeating", f"step {beat.step}")
-        self.requeue(liveness.heartbeat_timeout_seconds - stale + 0.5)
+        self.requeue(allowed - stale + 0.5)
         return False
 
     def submit(self) -> None:

@@ -61,6 +61,7 @@ from rlhf_operator.views import (
     heartbeat_from_lease,
     parse_time,
     scheduling_problem,
+    startup_problem,
     trainer_nodes,
 )
 from rlhfjob import contract
@@ -206,7 +207,8 @@ class Reconciler:
         status = job.status or RLHFJobStatus()
         name = names.ray_cluster_name(job)
         cluster_body = await self.kube.get_ray_cluster(namespace, name)
-        ray_job = previous_ray_job = dashboard_error = problem = warning = lease = None
+        ray_job = previous_ray_job = dashboard_error = problem = not_starting = warning = None
+        lease = None
         pods: list[Any] | None = None  # None: not read this time (its views are unknown)
         # Ready, deleting and the dashboard come from the RayCluster alone.
         shell = cluster_view(job, cluster_body, [], now)
@@ -235,7 +237,7 @@ class Reconciler:
             read, events = await asyncio.gather(
                 self.kube.cluster_pods(namespace, name), self.kube.cluster_events(namespace, name)
             )
-            problem = scheduling_problem(read)
+            problem, not_starting = scheduling_problem(read), startup_problem(read)
             warning = cluster_warning(events, cluster_body, read, now)
             pods = read
         else:
@@ -255,6 +257,7 @@ class Reconciler:
             dashboard_error=dashboard_error,
             heartbeat=heartbeat_from_lease(lease),
             scheduling_problem=problem,
+            startup_problem=not_starting,
             cluster_warning=warning,
             drained_nodes=drained,
             workload=queueing.workload_view(workload_body),

@@ -119,6 +119,9 @@ class Observed:
     heartbeat: HeartbeatView | None = None
     scheduling_problem: str | None = None
     """The scheduler's latest FailedScheduling message for the cluster's pods."""
+    startup_problem: str | None = None
+    """The kubelet's reason a container of the cluster's pods cannot start (a missing Secret, an
+    image it cannot pull); read only while the cluster is not ready."""
     submit_error: str | None = None
     """Set when this reconcile's submission failed or was refused: it did not happen."""
     cluster_warning: ClusterWarning | None = None
@@ -424,6 +427,44 @@ def scheduling_problem(pods: list[Any]) -> str | None:
                 name = getattr(getattr(pod, "metadata", None), "name", None) or "?"
                 words = getattr(condition, "message", None) or getattr(condition, "reason", None)
                 return f"the scheduler cannot place pod {name}: {_one_line(words)}"
+    return None
+
+
+STARTUP_FAILURES = frozenset(
+    {
+        "CreateContainerConfigError",  # a Secret, ConfigMap or key the pod names is missing
+        "CreateContainerError",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RunContainerError",
+        "CrashLoopBackOff",
+    }
+)
+"""The kubelet's waiting reasons that mean a container will not start by waiting alone: the user
+must fix something (create the Secret, the pull secret, the image)."""
+
+
+def startup_problem(pods: list[Any]) -> str | None:
+    """The kubelet's words for a container of the cluster's pods that cannot start, if any.
+
+    Kubelet retries these itself (a Secret created later is picked up), so they are shown, not
+    acted on; the provisioning deadline still bounds the wait."""
+    for pod in pods:
+        status = getattr(pod, "status", None)
+        for container in [
+            *(getattr(status, "init_container_statuses", None) or []),
+            *(getattr(status, "container_statuses", None) or []),
+        ]:
+            waiting = getattr(getattr(container, "state", None), "waiting", None)
+            reason = getattr(waiting, "reason", None)
+            if reason in STARTUP_FAILURES:
+                pod_name = getattr(getattr(pod, "metadata", None), "name", None) or "?"
+                words = getattr(waiting, "message", None)
+                said = f"{reason}: {_one_line(words)}" if words else reason
+                name = getattr(container, "name", None) or "?"
+                return f"container {name} of pod {pod_name} cannot start: {said}"
     return None
 
 

@@ -28,6 +28,7 @@ from rlhfjob.contract.env import (
 from rlhfjob.contract.final_status import FINAL_STATUS_PREFIX, ExitCode, ExitReason, FinalStatus
 from rlhfjob.contract.kuberay import DASHBOARD_ANNOTATION
 from rlhfjob.contract.lease import (
+    EXIT_GRACE_SECONDS,
     LEASE_ATTEMPT,
     LEASE_CHECKPOINT_PATH,
     LEASE_CHECKPOINT_REQUESTED_AT,
@@ -41,6 +42,8 @@ from rlhfjob.contract.lease import (
     LEASE_STOP_REQUESTED_AT,
     LEASE_TOKENS_PER_SECOND,
     LEASE_TOTAL_STEPS,
+    PHASE_EXITING,
+    PHASE_STARTING,
     EngineCount,
     LeaseReport,
 )
@@ -54,6 +57,7 @@ __all__ = [
     "ENV_JOB_NAME",
     "ENV_JOB_NAMESPACE",
     "ENV_ROLE",
+    "EXIT_GRACE_SECONDS",
     "FINAL_STATUS_PREFIX",
     "LEASE_ATTEMPT",
     "LEASE_CHECKPOINT_PATH",
@@ -68,6 +72,8 @@ __all__ = [
     "LEASE_STOP_REQUESTED_AT",
     "LEASE_TOKENS_PER_SECOND",
     "LEASE_TOTAL_STEPS",
+    "PHASE_EXITING",
+    "PHASE_STARTING",
     "EngineCount",
     "EventReason",
     "ExitCode",

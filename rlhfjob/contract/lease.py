@@ -22,6 +22,14 @@ LEASE_TOTAL_STEPS = f"{GROUP}/total-steps"
 LEASE_CHECKPOINT_STEP = f"{GROUP}/checkpoint-step"
 LEASE_CHECKPOINT_PATH = f"{GROUP}/checkpoint-path"
 LEASE_PHASE = f"{GROUP}/phase"
+"""What the driver is doing: a step's phase (`generate`, `update`, ...), or one of these two."""
+PHASE_STARTING = "starting"
+"""Booting its actors, before the first step."""
+PHASE_EXITING = "exiting"
+"""Done (trained, drained or failed): drawing its curve, taking its actors down, then leaving.
+Ray's verdict on the job follows; the operator gives it `EXIT_GRACE_SECONDS` beyond the
+heartbeat timeout before it calls the driver hung."""
+EXIT_GRACE_SECONDS = 60
 LEASE_ATTEMPT = f"{GROUP}/attempt"
 LEASE_STEP_TIME = f"{GROUP}/step-time"
 """RFC 3339 time at which `step` last advanced: the operator's evidence of progress."""

@@ -35,7 +35,7 @@ from rlhf_operator.views import (
 )
 from rlhfjob.api import Condition, Phase, RLHFJob
 from rlhfjob.config import parse_job
-from rlhfjob.contract import EngineCount
+from rlhfjob.contract import EXIT_GRACE_SECONDS, EngineCount
 from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
 
@@ -473,6 +473,24 @@ def test_stale_heartbeat_means_hung_and_restarts() -> None:
     assert plan.status.restart_history[-1].reason == "TrainerHung"
     healthy = next(c for c in plan.status.conditions if c.type == "Healthy")
     assert "40s ago at step 12" in healthy.message
+
+
+def test_a_driver_that_said_it_is_exiting_gets_a_grace_before_it_is_called_hung() -> None:
+    """Its last renewal says `exiting` (curve drawn, actors going): Ray's verdict follows."""
+    job = make_job(running(), liveness={"heartbeatTimeoutSeconds": 30})
+    beat = HeartbeatView(renewed=at(60), step=24, attempt=0, phase="exiting")
+
+    def at_time(seconds: float) -> Any:
+        return decide(Observed(job=job, now=at(seconds), created=at(0), cluster=ready_cluster(),
+                               ray_job=ray_job("RUNNING"), heartbeat=beat))  # fmt: skip
+
+    waiting = at_time(100)  # 40 s stale: hung for a training driver, not for a leaving one
+    assert waiting.status.phase == Phase.RUNNING and StopRayJob not in kinds(waiting)
+    assert waiting.requeue_after == pytest.approx(30 + EXIT_GRACE_SECONDS - 40 + 0.5)
+    hung = at_time(60 + 30 + EXIT_GRACE_SECONDS + 1)  # never leaving after all
+    assert hung.status.restart_history[-1].reason == "TrainerHung"
+    healthy = next(c for c in hung.status.conditions if c.type == "Healthy")
+    assert healthy.message.endswith("at step 24, after it said it was exiting")
 
 
 def test_heartbeats_without_progress_mean_stalled() -> None:
@@ -939,12 +957,18 @@ def test_pods_kuberay_cannot_create_show_at_once_and_fail_when_retrying_cannot_h
 def causes() -> list[tuple[dict[str, Any], str, str]]:
     """One world per kind of cause: what it observed, the ClusterReady reason, the words."""
     unschedulable = "the scheduler cannot place pod job-head-x: 0/6 nodes are available"
+    not_starting = (
+        "container ray-head of pod job-head-x cannot start: CreateContainerConfigError: "
+        'secret "hf-token" not found'
+    )
     return [
         ({"apply_error": FORBIDDEN}, "ApplyRefused", FORBIDDEN.text),
         ({"cluster": ready_cluster(ready=False), "cluster_warning": warning()},
          "PodCreationFailed", warning().text),
         ({"cluster": ready_cluster(ready=False), "scheduling_problem": unschedulable},
          "Unschedulable", unschedulable),
+        ({"cluster": ready_cluster(ready=False), "startup_problem": not_starting},
+         "ContainersNotStarting", not_starting),
     ]  # fmt: skip
 
 

@@ -11,6 +11,10 @@ import pytest
 from kubernetes.client import (
     CoreV1Event,
     CoreV1EventSeries,
+    V1ContainerState,
+    V1ContainerStateRunning,
+    V1ContainerStateWaiting,
+    V1ContainerStatus,
     V1Lease,
     V1LeaseSpec,
     V1ObjectMeta,
@@ -34,6 +38,7 @@ from rlhf_operator.views import (
     heartbeat_from_lease,
     ray_job_view,
     scheduling_problem,
+    startup_problem,
 )
 from rlhfjob.config import parse_job
 from rlhfjob.contract import EngineCount
@@ -279,6 +284,46 @@ def test_the_scheduler_speaks_in_the_same_way() -> None:
         "6 Insufficient nvidia.com/gpu."
     )
     assert scheduling_problem([V1Pod(), object()]) is None
+
+
+def _pod_with(name: str, *, init: list[Any] | None = None, main: list[Any] | None = None) -> Any:
+    return V1Pod(
+        metadata=V1ObjectMeta(name=name),
+        status=V1PodStatus(init_container_statuses=init, container_statuses=main),
+    )
+
+
+def _container(name: str, reason: str | None, message: str | None = None) -> V1ContainerStatus:
+    state = (
+        V1ContainerState(waiting=V1ContainerStateWaiting(reason=reason, message=message))
+        if reason
+        else V1ContainerState(running=V1ContainerStateRunning())
+    )
+    return V1ContainerStatus(name=name, image="x", image_id="", ready=False, restart_count=0,
+                             state=state)  # fmt: skip
+
+
+def test_the_kubelet_speaks_for_a_container_that_cannot_start() -> None:
+    missing = _container("ray-head", "CreateContainerConfigError",
+                         'secret "hf-token" not found')  # fmt: skip
+    assert startup_problem([_pod_with("job-head-x", main=[missing])]) == (
+        "container ray-head of pod job-head-x cannot start: CreateContainerConfigError: "
+        'secret "hf-token" not found'
+    )
+    # An init container's pull failure counts too, and a reason may come without words.
+    pull = _container("wait-gcs", "ImagePullBackOff")
+    assert startup_problem([_pod_with("w", init=[pull])]) == (
+        "container wait-gcs of pod w cannot start: ImagePullBackOff"
+    )
+    # Starting normally is no cause; nor is a pod with no statuses or a junk object.
+    creating = _container("ray-worker", "ContainerCreating")
+    running = _container("ray-worker", None)
+    assert startup_problem([_pod_with("a", main=[creating, running]), V1Pod(), object()]) is None
+    # The first pod with a cause speaks, on one line, trimmed like every cause.
+    long = _container("c", "CrashLoopBackOff", "back-off\n" + "x" * 2 * CAUSE_LIMIT)
+    found = startup_problem([_pod_with("a", main=[creating]), _pod_with("b", main=[long])])
+    assert found is not None and found.startswith("container c of pod b cannot start: Crash")
+    assert "\n" not in found and len(found) < 2 * CAUSE_LIMIT
 
 
 def test_a_bad_raycluster_reads_as_not_known_not_as_a_crash() -> None:

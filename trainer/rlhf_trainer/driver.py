@@ -172,6 +172,9 @@ def train(job: RLHFJob, context: RunContext | None = None) -> int:
                 if trainer is not None:
                     trainer.shutdown()
                 kill_job_actors()
+        if trainer is not None:
+            with contextlib.suppress(Exception):
+                trainer.stop_heartbeat()
         if started_ray:
             ray.shutdown()
     print(final_status(code, message), flush=True)

@@ -169,7 +169,7 @@ class Trainer:
         self.resume_checkpoint = self._find_checkpoint(resume_from) if resume_from else None
         # Beat from the start: booting the actors can take minutes, and the operator must be
         # able to tell a slow start (heartbeats, step 0) from a dead driver (none).
-        self.heartbeat.update(step=self.step, phase="starting")
+        self.heartbeat.update(step=self.step, phase=contract.PHASE_STARTING)
         self.heartbeat.start()
         try:
             self.actors = startup.start_actors(
@@ -468,9 +468,15 @@ class Trainer:
         self.stop.set()
 
     def finish(self) -> None:
-        """Stop the heartbeat and draw the reward curve next to the step log."""
-        self.heartbeat.stop()
+        """Say on the Lease that the driver is leaving, and draw the reward curve next to the
+        step log. The heartbeat beats on (drawing can take seconds: matplotlib's first import)
+        until `stop_heartbeat`, once the actors are down."""
+        self.heartbeat.update(phase=contract.PHASE_EXITING)
         records = read_step_log(self.run_dir / STEP_LOG)
         if records:
             png = plot_reward_curve(records, self.run_dir / REWARD_CURVE, self.job.metadata.name)
             self.log(f"step log {self.run_dir / STEP_LOG}, reward curve {png}")
+
+    def stop_heartbeat(self) -> None:
+        """The last renewal (still `exiting`): nothing is left for the driver but to leave."""
+        self.heartbeat.stop()
