@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from rlhf_local.harness import wait_for
 from rlhf_local.jobs import Jobs, ray_get
@@ -152,9 +153,55 @@ def pool_full(jobs: Jobs, cluster: str, group: str) -> Iterator[list[str]]:
         taints = [*_taints(jobs, name), FULL_TAINT]
         jobs.lc.core.patch_node(name, {"spec": {"taints": taints}})
     try:
+        _scheduler_sees_it_full(jobs, selector, spec["template"]["spec"].get("tolerations") or [])
         yield nodes
     finally:
         make_room(jobs, nodes)
+
+
+def _scheduler_sees_it_full(
+    jobs: Jobs, selector: dict[str, str], tolerations: list[dict[str, Any]]
+) -> None:
+    """Wait until the scheduler itself refuses a pod like the group's: the taint is in its cache,
+    so a replacement KubeRay creates at once cannot slip onto the pool before it (a race seen
+    under load)."""
+    name = "pool-full-probe"
+    restricted = client.V1SecurityContext(
+        allow_privilege_escalation=False,
+        capabilities=client.V1Capabilities(drop=["ALL"]),
+        run_as_non_root=True,
+        run_as_user=1000,
+        seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+    )
+    probe = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            node_selector=selector,
+            tolerations=[client.V1Toleration(**_snake(t)) for t in tolerations],
+            containers=[
+                client.V1Container(name="probe", image="probe", security_context=restricted)
+            ],
+        ),
+    )
+    core = jobs.lc.core
+    core.create_namespaced_pod(jobs.namespace, probe)
+    try:
+
+        def refused() -> bool:
+            status = core.read_namespaced_pod(name, jobs.namespace).status
+            return any(
+                c.type == "PodScheduled" and c.status == "False"
+                for c in (status.conditions if status and status.conditions else [])
+            )
+
+        wait_for(refused, 30, "the scheduler to refuse a pod on the full pool", interval=0.2)
+    finally:
+        core.delete_namespaced_pod(name, jobs.namespace, grace_period_seconds=0)
+
+
+def _snake(fields: dict[str, Any]) -> dict[str, Any]:
+    """A toleration from a manifest as the client's model takes it (tolerationSeconds)."""
+    return {"toleration_seconds" if k == "tolerationSeconds" else k: v for k, v in fields.items()}
 
 
 def make_room(jobs: Jobs, nodes: list[str]) -> None:

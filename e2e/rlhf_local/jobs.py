@@ -134,9 +134,15 @@ class Jobs:
         return next((rc for rc in items if rc["metadata"]["name"] == name), None)
 
     def dashboard(self, name: str) -> str:
-        cluster = self.ray_cluster(name)
-        assert cluster is not None, f"{name} has no RayCluster"
-        return str(cluster["metadata"]["annotations"][contract.DASHBOARD_ANNOTATION])
+        """The job's dashboard address, once announced on its RayCluster (a cluster recreated a
+        moment ago has none yet)."""
+
+        def announced() -> str | None:
+            cluster = self.ray_cluster(name)
+            annotations = (cluster or {}).get("metadata", {}).get("annotations") or {}
+            return annotations.get(contract.DASHBOARD_ANNOTATION)
+
+        return str(wait_for(announced, 60, f"{name}'s dashboard on its RayCluster"))
 
     def ray_token(self, name: str) -> str | None:
         cluster = self.ray_cluster(name)
