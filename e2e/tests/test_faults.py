@@ -1,13 +1,15 @@
 """Fault injection: the real trainer, under the operator, survives what production throws at it.
 
 Each test applies a tiny GRPO job (`rlhf_local.faults.fault_job`: real ZeRO-3 trainer, real
-rollout engines, on the stand-in Ray), injects one failure once a checkpoint exists, and checks
-that the job ends Succeeded with every step after the last checkpoint trained exactly once
-(`TrainingRecord.lineage_problems`) and every checkpoint still there and intact. The last two
-tests are the failures that must end a job: one that keeps failing, and one retrying cannot fix.
+rollout engines, on the stand-in Ray), injects a failure once a checkpoint exists (the in-place
+cases 1, 2 and 6 one after another in one job, since a job's start-up is most of what a case
+costs and none of them disturbs the next), and checks that the job ends Succeeded with every
+step after the last checkpoint trained exactly once (`TrainingRecord.lineage_problems`) and
+every checkpoint still there and intact. The last two tests are the failures that must end a
+job: one that keeps failing, and one retrying cannot fix.
 
 A real Prometheus (`rlhf_local.prometheus`) scrapes the operator and every Ray pod for the whole
-module and evaluates the chart's alerts with durations of seconds: the frozen driver's case runs
+module and evaluates the chart's alerts with durations of seconds: the in-place case runs
 every dashboard query on what it scraped, and each alert is seen firing in the case that
 provokes it (a hung trainer, a lost rollout pod, the operator's restart, and failing
 reconciles: the operator's role loses a verb for a moment).
@@ -185,22 +187,88 @@ def process_alive(pid: int) -> bool:
 # --- 1-7: failures the job must survive -----------------------------------------------------------
 
 
-def test_1_killed_driver_is_resubmitted_in_place_from_the_checkpoint(fault_run: Any) -> None:
-    run = fault_run("kill")
+def test_1_2_6_killed_frozen_and_corrupt_restarts_resume_in_place_then_a_drain_loses_no_step(
+    fault_run: Any, prometheus: Prometheus
+) -> None:
+    """Three in-place restarts of one job, each from the checkpoint it had, then a suspend.
+
+    1. a killed driver is resubmitted in place from the newest checkpoint;
+    2. a frozen driver is judged hung within the heartbeat timeout, stopped, and resubmitted;
+    6. a driver frozen after the newest checkpoint was corrupted, then killed, resumes from the
+       previous one;
+    and then a suspend mid-step (as a preemption would): no step is trained twice after it.
+    One job for the three because none disturbs the next (each is an in-place restart of the
+    same cluster): a job's start-up is most of what each case cost on its own.
+    """
+    started = time.time()
+    run = fault_run("inplace", algorithm={"totalSteps": 40})
+
+    # 1: killed.
     run.wait_past_checkpoint()
-    cluster = run.cluster_uid()
+    cluster_uid = run.cluster_uid()
     faults.kill_driver(run.jobs, run.name)
-    restart = run.wait_for_restart()
-    resumed = run.record.newest_checkpoint()
-    assert restart["reason"] == "TrainerFailed"
-    assert restart["detectionSeconds"] < 10, "measured from the driver's exit as Ray reports it"
-    assert run.cluster_uid() == cluster, "an in-place restart keeps the RayCluster"
+    killed = run.wait_for_restart()
+    after_kill = run.record.newest_checkpoint()
+    assert killed["reason"] == "TrainerFailed", killed
+    assert killed["detectionSeconds"] < 10, "measured from the driver's exit as Ray reports it"
+    assert run.cluster_uid() == cluster_uid, "an in-place restart keeps the RayCluster"
     wait_for(lambda: run.status()["restartHistory"][0].get("resumedTime"), 120,
              "the operator to see training resume", details=run.explain)  # fmt: skip
-    # Then a suspend mid-step (as a preemption would): no step is trained twice after it.
+
+    # 2: frozen (SIGSTOP: the heartbeat stops too).
+    run.wait_past_checkpoint(checkpoints=len(run.record.checkpoint_steps()) + 1)
+    pid = faults.freeze_driver(run.jobs, run.name)
+    frozen_at = time.time()
+    hung = run.wait_for_restart(count=2, timeout=HEARTBEAT_TIMEOUT + 60)
+    after_freeze = run.record.newest_checkpoint()
+    assert hung["reason"] == "TrainerHung", hung
+    detected_after = restart_time(hung) - frozen_at
+    assert detected_after <= HEARTBEAT_TIMEOUT + 5, f"hang detected after {detected_after:.1f}s"
+    assert run.cluster_uid() == cluster_uid
+
+    # 6: the newest checkpoint corrupt. Freeze first so no newer one appears, corrupt it, kill.
+    run.wait_past_checkpoint(checkpoints=len(run.record.checkpoint_steps()) + 1)
+    faults.freeze_driver(run.jobs, run.name)
+    newest = run.record.newest_checkpoint()
+    assert newest is not None
+    faults.corrupt_checkpoint(run.record.step_dir(newest))
+    previous = run.record.newest_checkpoint()
+    assert previous is not None and previous < newest, "the corrupt checkpoint no longer counts"
+    faults.kill_driver(run.jobs, run.name)
+    run.wait_for_restart(count=3)
+    assert run.cluster_uid() == cluster_uid
+
+    # Then a drain, and the job ends with every step after each checkpoint trained once.
+    run.wait_past_checkpoint(checkpoints=len(run.record.checkpoint_steps()) + 1)
     drained = run.drain()
-    status = run.assert_recovered([resumed], drained=(drained,))
-    assert status["restartCount"] == 1, "a drain is not a restart"
+    status = run.assert_recovered([after_kill, after_freeze, previous], drained=(drained,))
+    assert status["restartCount"] == 3, "a drain is not a restart"
+    assert not process_alive(pid), "the frozen driver was stopped"
+    healthy = next(c for c in status["conditions"] if c["type"] == "Healthy")
+    assert healthy["status"] == "True"
+    progress = status["progress"]
+    assert progress["stepsPerSecond"] > 0 and progress["tokensPerSecond"] > 0, progress
+    assert progress["rewardMean"] is not None and progress["eta"], progress
+    header, row = cluster_table(run)
+    assert "ETA" in header.split() and progress["eta"] in row.split(), (header, row)
+    # What Prometheus scraped of this job: every dashboard query has data, and the alerts of a
+    # hung trainer and of restarts running out fired for this job.
+    namespace = run.jobs.namespace
+    checking = time.monotonic()
+    empty = dashboard_queries_without_data(prometheus, namespace, run.name, started)
+    print(f"[prometheus] dashboard queries checked in {time.monotonic() - checking:.1f} s")
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+    fired = prometheus.fired(started, selector=f'namespace="{namespace}", rlhfjob="{run.name}"')
+    expected = {"RLHFJobTrainerHung", "RLHFJobRestartsNearlyExhausted",
+                "RLHFJobProvisioningStuck", "RLHFJobNoStepProgress"}  # fmt: skip
+    assert expected <= fired, f"fired: {sorted(fired)}\n{prometheus.log_tail()}"
+
+
+def cluster_table(run: FaultRun) -> tuple[str, str]:
+    """`kubectl get rlhfjobs NAME`: its header and the job's row."""
+    output = cluster.kubectl("get", "rlhfjobs", run.name, "-n", run.jobs.namespace)
+    header, row = output.split("\n")[:2]
+    return header, row
 
 
 COLOCATED = {"placement": "colocated", "replicas": None, "minReplicas": None, "cpu": None,
@@ -223,43 +291,6 @@ def test_1_colocated_killed_driver_is_resubmitted_in_place_with_its_engines(
     assert run.cluster_uid() == cluster["metadata"]["uid"], "in place: the same RayCluster"
     status = run.assert_recovered([resumed])
     assert status["restartHistory"][0]["resumedTime"], "the operator saw training resume"
-
-
-def test_2_frozen_driver_is_detected_as_hung_within_the_heartbeat_timeout(
-    fault_run: Any, prometheus: Prometheus
-) -> None:
-    started = time.time()
-    run = fault_run("freeze")
-    run.wait_past_checkpoint()
-    pid = faults.freeze_driver(run.jobs, run.name)
-    frozen_at = time.time()
-    restart = run.wait_for_restart(timeout=HEARTBEAT_TIMEOUT + 60)
-    resumed = run.record.newest_checkpoint()
-    assert restart["reason"] == "TrainerHung"
-    detected_after = restart_time(restart) - frozen_at
-    assert detected_after <= HEARTBEAT_TIMEOUT + 5, f"hang detected after {detected_after:.1f}s"
-    status = run.assert_recovered([resumed])
-    healthy = next(c for c in status["conditions"] if c["type"] == "Healthy")
-    assert healthy["status"] == "True"
-    assert not process_alive(pid), "the frozen driver was stopped"
-    progress = status["progress"]
-    assert progress["stepsPerSecond"] > 0 and progress["tokensPerSecond"] > 0, progress
-    assert progress["rewardMean"] is not None and progress["eta"], progress
-    header, row = cluster.kubectl("get", "rlhfjobs", run.name, "-n", run.jobs.namespace).split(
-        "\n"
-    )[:2]
-    assert "ETA" in header.split() and progress["eta"] in row.split(), (header, row)
-    # What Prometheus scraped of this job: every dashboard query has data, and the alerts of a
-    # hung trainer fired for this job.
-    namespace = run.jobs.namespace
-    checking = time.monotonic()
-    empty = dashboard_queries_without_data(prometheus, namespace, run.name, started)
-    print(f"[prometheus] dashboard queries checked in {time.monotonic() - checking:.1f} s")
-    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
-    fired = prometheus.fired(started, selector=f'namespace="{namespace}", rlhfjob="{run.name}"')
-    expected = {"RLHFJobTrainerHung", "RLHFJobRestartsNearlyExhausted",
-                "RLHFJobProvisioningStuck", "RLHFJobNoStepProgress"}  # fmt: skip
-    assert expected <= fired, f"fired: {sorted(fired)}\n{prometheus.log_tail()}"
 
 
 def reward_model_spec(directory: Path) -> dict[str, Any]:
@@ -398,21 +429,6 @@ def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> No
     resumed = run.record.steps_by_attempt()[1][0] - 1
     assert resumed >= at_failure and resumed in run.record.checkpoint_steps(), resumed
     run.assert_recovered([resumed])
-
-
-def test_6_corrupt_newest_checkpoint_falls_back_to_the_previous_one(fault_run: Any) -> None:
-    run = fault_run("corrupt")
-    run.wait_past_checkpoint(checkpoints=2)
-    # Freeze first so no newer checkpoint appears, corrupt the newest, then kill.
-    faults.freeze_driver(run.jobs, run.name)
-    newest = run.record.newest_checkpoint()
-    assert newest is not None
-    faults.corrupt_checkpoint(run.record.step_dir(newest))
-    previous = run.record.newest_checkpoint()
-    assert previous is not None and previous < newest, "the corrupt checkpoint no longer counts"
-    faults.kill_driver(run.jobs, run.name)
-    run.wait_for_restart()
-    run.assert_recovered([previous])
 
 
 def test_7_operator_restart_mid_job_makes_no_duplicate_cluster_or_submission(
