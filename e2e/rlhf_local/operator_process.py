@@ -29,7 +29,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rlhf_local import cluster, procs
+from rlhf_local import build, procs
 from rlhf_local.harness import LocalCluster, wait_for
 from rlhf_operator.ray_auth import RayAuth
 from rlhfjob import api
@@ -57,16 +57,20 @@ def _free_port() -> int:
 OPERATOR_VALUES = ("kueue.enabled=true",)
 
 
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run helm (fetched in seconds when missing: rendering needs no control plane)."""
+    binary = str(build.ensure_tools()["helm"])
+    return subprocess.run([binary, *args], capture_output=True, text=True, check=check)
+
+
 def chart_manifests(
     *values: str, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE
 ) -> list[dict[str, Any]]:
     """`helm template` of the chart (each of `values` is a `--set`), parsed."""
-    helm = cluster.binaries().helm
-    args = [str(helm), "template", release, str(CHART), "-n", namespace]
+    args = ["template", release, str(CHART), "-n", namespace]
     for value in values:
         args += ["--set", value]
-    rendered = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+    return [doc for doc in yaml.safe_load_all(helm(*args).stdout) if doc]
 
 
 def chart_deployment(manifests: list[dict[str, Any]] | None = None) -> dict[str, Any]:
