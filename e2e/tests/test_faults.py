@@ -2,11 +2,12 @@
 
 Each test applies a tiny GRPO job (`rlhf_local.faults.fault_job`: real ZeRO-3 trainer, real
 rollout engines, on the stand-in Ray), injects a failure once a checkpoint exists (the in-place
-cases 1, 2 and 6 one after another in one job, since a job's start-up is most of what a case
-costs and none of them disturbs the next), and checks that the job ends Succeeded with every
-step after the last checkpoint trained exactly once (`TrainingRecord.lineage_problems`) and
-every checkpoint still there and intact. The last two tests are the failures that must end a
-job: one that keeps failing, and one retrying cannot fix.
+cases 1, 2 and 6 one after another in one job, and the two losses of a whole cluster, 5 and 10,
+in another: a job's start-up is most of what a case costs, and none of them disturbs the next),
+and checks that the job ends Succeeded with every step after the last checkpoint trained
+exactly once (`TrainingRecord.lineage_problems`) and every checkpoint still there and intact.
+The last two tests are the failures that must end a job: one that keeps failing, and one
+retrying cannot fix.
 
 A real Prometheus (`rlhf_local.prometheus`) scrapes the operator and every Ray pod for the whole
 module and evaluates the chart's alerts with durations of seconds: the in-place case runs
@@ -412,23 +413,73 @@ def test_4_lost_trainer_pods_shrink_then_grow_the_elastic_trainer_and_a_node_dra
     assert (status["restartCount"], status["resizes"]) == (2, 1), "a resize, then no restart"
 
 
-def test_5_lost_head_pod_recreates_the_cluster_and_resumes(fault_run: Any) -> None:
-    run = fault_run("head")
+def test_5_10_a_lost_head_then_a_cluster_deleted_with_its_volumes_checkpoints_resume(
+    fault_run: Any, jobs: Jobs, s3_bucket: str
+) -> None:
+    """Two losses of the whole Ray cluster in one job, each answered by a new RayCluster:
+
+    5. the head pod is lost: the new cluster's trainer resumes from the volume's newest
+       checkpoint;
+    10. the RayCluster is deleted and the volume loses every checkpoint: the trainer resumes
+        from the newest complete one in a real S3 bucket (checkpoints go to the volume every 4
+        steps and to the bucket every 8, in the background).
+    """
+    keys = objectstore.credentials()
+    jobs.lc.core.create_namespaced_secret(jobs.namespace, {
+        "metadata": {"name": "bucket-keys"},
+        "stringData": {"AWS_ACCESS_KEY_ID": keys.access_key_id,
+                       "AWS_SECRET_ACCESS_KEY": keys.secret_access_key},
+    })  # fmt: skip
+    store = {"bucket": s3_bucket, "endpoint": objectstore.endpoint_url(),
+             "credentialsSecret": "bucket-keys", "intervalSteps": 8, "keepLast": 2}  # fmt: skip
+    run = fault_run("cluster-loss", algorithm={"totalSteps": 40},
+                    checkpoint={"objectStore": store})  # fmt: skip
+    bucket = BucketTier(objectstore.client(), s3_bucket, f"{run.jobs.namespace}/{run.name}/", 2)
+
+    # 5: the head pod lost.
     run.wait_past_checkpoint()
-    cluster = run.cluster_uid()
+    first_cluster = run.cluster_uid()
     faults.delete_pod(run.jobs, run.name, "head")
     restart = run.wait_for_restart(timeout=240)
     at_failure = run.record.newest_checkpoint() or 0
     assert restart["reason"] == "HeadLost", restart
-    wait_for(lambda: run.jobs.ray_cluster(run.name) and run.cluster_uid() != cluster, 240,
+    wait_for(lambda: run.jobs.ray_cluster(run.name) and run.cluster_uid() != first_cluster, 240,
              "a new RayCluster", details=run.explain)  # fmt: skip
     # The new attempt resumes from the newest checkpoint, at least the one there at the failure
     # (the old driver may have finished one more as its head went).
     wait_for(lambda: 1 in run.record.steps_by_attempt(), JOB_TIMEOUT, "the resumed attempt",
              details=run.explain)  # fmt: skip
-    resumed = run.record.steps_by_attempt()[1][0] - 1
-    assert resumed >= at_failure and resumed in run.record.checkpoint_steps(), resumed
-    run.assert_recovered([resumed])
+    after_head = run.record.steps_by_attempt()[1][0] - 1
+    assert after_head >= at_failure and after_head in run.record.checkpoint_steps(), after_head
+
+    # 10: a bucket checkpoint of the new attempt and a step after it, then the cluster deleted.
+    def uploaded_by_this_attempt() -> bool:
+        complete = bucket.complete()
+        return bool(complete) and after_head < complete[0].step < run.record.last_step()
+
+    wait_for(uploaded_by_this_attempt, JOB_TIMEOUT,
+             "a checkpoint of the resumed attempt in the bucket and a step after it",
+             details=run.explain)  # fmt: skip
+    status = run.status()
+    pid = faults.driver_pid(run.jobs.dashboard(run.name), status["submissionId"],
+                            run.jobs.ray_token(run.name))  # fmt: skip
+    assert pid is not None
+    jobs.lc.custom.delete_namespaced_custom_object(
+        "ray.io", "v1", jobs.namespace, "rayclusters", run.name
+    )
+    wait_for(lambda: not process_alive(pid), 120, "the old driver to die with its cluster")
+    newest = bucket.complete()[0].step  # an upload the driver did not finish is not complete
+    for step in run.record.checkpoint_steps():
+        faults.remove_checkpoint(run.record.step_dir(step))
+    assert run.record.checkpoint_steps() == []
+    restart = run.wait_for_restart(count=2, timeout=240)
+    assert restart["reason"] == "HeadLost" and "deleted" in restart["message"], restart
+    done = run.jobs.wait_phase(run.name, "Succeeded", JOB_TIMEOUT, run.operator)["status"]
+    problems = run.record.lineage_problems([after_head, newest], run.total_steps)
+    assert not problems, f"{problems}\n{run.explain()}"
+    assert newest in run.record.checkpoint_steps(), "downloaded back onto the volume"
+    assert [u.step for u in bucket.complete()] == [40, 32], "the last step's, keepLast 2"
+    assert done["restartCount"] == 2
 
 
 def test_7_operator_restart_mid_job_makes_no_duplicate_cluster_or_submission(
@@ -464,47 +515,6 @@ def test_7_operator_restart_mid_job_makes_no_duplicate_cluster_or_submission(
     assert len(submissions) == 1, f"{submissions}\n{run.explain()}"
     run.assert_recovered([])
     assert run.jobs.event_reasons(run.name).count("Submitted") == 1
-
-
-def test_10_a_cluster_deleted_with_its_volumes_checkpoints_resumes_from_the_bucket(
-    fault_run: Any, jobs: Jobs, s3_bucket: str
-) -> None:
-    """Checkpoints go to the volume every 4 steps and to a real S3 bucket every 8, in the
-    background; the RayCluster is deleted and the volume loses every checkpoint: the new
-    cluster's trainer resumes from the newest complete one in the bucket."""
-    keys = objectstore.credentials()
-    jobs.lc.core.create_namespaced_secret(jobs.namespace, {
-        "metadata": {"name": "bucket-keys"},
-        "stringData": {"AWS_ACCESS_KEY_ID": keys.access_key_id,
-                       "AWS_SECRET_ACCESS_KEY": keys.secret_access_key},
-    })  # fmt: skip
-    store = {"bucket": s3_bucket, "endpoint": objectstore.endpoint_url(),
-             "credentialsSecret": "bucket-keys", "intervalSteps": 8, "keepLast": 2}  # fmt: skip
-    run = fault_run("bucket", checkpoint={"objectStore": store})
-    bucket = BucketTier(objectstore.client(), s3_bucket, f"{run.jobs.namespace}/{run.name}/", 2)
-    wait_for(lambda: bucket.complete() and run.record.last_step() > bucket.complete()[0].step,
-             JOB_TIMEOUT, "a checkpoint in the bucket and a step after it",
-             details=run.explain)  # fmt: skip
-    status = run.status()
-    pid = faults.driver_pid(run.jobs.dashboard(run.name), status["submissionId"],
-                            run.jobs.ray_token(run.name))  # fmt: skip
-    assert pid is not None
-    jobs.lc.custom.delete_namespaced_custom_object(
-        "ray.io", "v1", jobs.namespace, "rayclusters", run.name
-    )
-    wait_for(lambda: not process_alive(pid), 120, "the old driver to die with its cluster")
-    newest = bucket.complete()[0].step  # an upload the driver did not finish is not complete
-    for step in run.record.checkpoint_steps():
-        faults.remove_checkpoint(run.record.step_dir(step))
-    assert run.record.checkpoint_steps() == []
-    restart = run.wait_for_restart(timeout=240)
-    assert restart["reason"] == "HeadLost" and "deleted" in restart["message"], restart
-    done = run.jobs.wait_phase(run.name, "Succeeded", JOB_TIMEOUT, run.operator)["status"]
-    problems = run.record.lineage_problems([newest], run.total_steps)
-    assert not problems, f"{problems}\n{run.explain()}"
-    assert newest in run.record.checkpoint_steps(), "downloaded back onto the volume"
-    assert [u.step for u in bucket.complete()] == [24, 16], "the last step's, keepLast 2"
-    assert done["restartCount"] == 1
 
 
 # --- 8-9: failures that must end the job ------------------------------------------------------

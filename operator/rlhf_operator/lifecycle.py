@@ -801,6 +801,18 @@ class _Planner:
             self.requeue(min(high, max(low, waited / 2)))
 
     def wait_for_cluster(self, cluster: ClusterView) -> None:
+        if cluster.head_pods > 1:
+            # KubeRay's pod cache missed the head it had made (it lags after an API-server
+            # restart), so it made another; with two heads it stops reconciling the cluster
+            # ("Multiple head pods found") and would wait forever: a new RayCluster at once.
+            message = (
+                f"KubeRay made {cluster.head_pods} head pods for the RayCluster and stopped "
+                "reconciling it (its pod cache lagged, as after an API-server restart)"
+            )
+            self.recreate_cluster(
+                RestartReason.CLUSTER_UNHEALTHY, message, self.status.last_heartbeat_time
+            )
+            return
         reason, cause = self.pod_cause()
         warning = self.seen.cluster_warning
         if warning is not None and warning.spec_rejected:

@@ -75,6 +75,9 @@ class ClusterView:
     the one it ran on."""
     roles: dict[str, RoleView] = field(default_factory=dict)
     """Worker groups (one per role) by name."""
+    head_pods: int = 0
+    """Head pods not being deleted (0 when the pods were not read): KubeRay stops reconciling a
+    cluster with more than one."""
 
 
 @dataclass(frozen=True)
@@ -480,6 +483,15 @@ def head_created(pods: list[Any], *, any_type: bool = False) -> datetime | None:
     return max(times) if times else None
 
 
+def head_pod_count(pods: list[Any]) -> int:
+    """Head pods that are not being deleted."""
+    return sum(
+        1
+        for pod in pods
+        if _labels(pod).get(ray.LABEL_NODE_TYPE) == ray.NODE_HEAD and not _deleting(pod)
+    )
+
+
 def head_not_ready_since(cluster: dict[str, Any], now: datetime) -> datetime | None:
     """From KubeRay's HeadPodReady condition: since when the head is not Ready (None: it is)."""
     status = cluster.get("status")
@@ -522,6 +534,7 @@ def cluster_view(
         head_created=head_created(pods),
         roles=role_views(body, pods) if pods_read else {},
         pods_read=pods_read,
+        head_pods=head_pod_count(pods),
     )
 
 

@@ -88,6 +88,22 @@ def test_cluster_not_ready_waits_until_the_provisioning_deadline() -> None:
     assert plan.requeue_after == pytest.approx(70)
 
 
+@pytest.mark.parametrize("phase", ["Provisioning", "Recovering"])
+def test_a_cluster_kuberay_gave_two_heads_is_recreated_at_once(phase: str) -> None:
+    """KubeRay stops reconciling a RayCluster with two head pods: no deadline would help."""
+    job = make_job({"phase": phase, "restartCount": 0}, provisioningTimeoutSeconds=600)
+    cluster = ready_cluster(10, ready=False, head_pods=2)
+    plan = decide(Observed(job=job, now=at(40), created=at(0), cluster=cluster))
+    assert DeleteCluster in kinds(plan)
+    assert plan.status.phase == Phase.RECOVERING
+    assert plan.status.restart_count == 1
+    (record,) = plan.status.restart_history
+    assert record.reason == "ClusterUnhealthy" and "2 head pods" in record.message
+    one_head = decide(Observed(job=job, now=at(40), created=at(0),
+                               cluster=replace(cluster, head_pods=1)))  # fmt: skip
+    assert DeleteCluster not in kinds(one_head)
+
+
 def test_provisioning_timeout_fails_quoting_the_scheduler() -> None:
     job = make_job({"phase": "Provisioning"}, provisioningTimeoutSeconds=100)
     problem = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."

@@ -42,6 +42,7 @@ from rlhf_operator.views import (
 )
 from rlhfjob.config import parse_job
 from rlhfjob.contract import EngineCount
+from rlhfjob.contract import kuberay as ray
 from rlhfjob.invalid_cases import valid_job
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -340,3 +341,16 @@ def test_a_bad_raycluster_reads_as_not_known_not_as_a_crash() -> None:
     assert view.roles == {"trainer": RoleView(0, 0)}
     assert view.head_not_ready_since == T0
     assert cluster_view(job, {"status": "junk"}, [], now=T0) is not None
+
+
+def test_head_pods_are_counted_without_those_being_deleted() -> None:
+    def head(created: float, deleting: bool = False) -> V1Pod:
+        made = pod(created, deleting)
+        made.metadata.labels = {ray.LABEL_NODE_TYPE: ray.NODE_HEAD}
+        return made
+
+    job = parse_job({**valid_job("job"), "metadata": {"name": "job", "namespace": "ns"}})
+    body = {"metadata": {"name": "job"}, "status": {}}
+    pods = [head(1), head(2), head(3, deleting=True), pod(4), object()]
+    view = cluster_view(job, body, pods, now=T0)
+    assert view is not None and view.head_pods == 2
