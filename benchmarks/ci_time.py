@@ -11,9 +11,10 @@ come from the run's ``.local/ci-tiers.json`` (`rlhf_local/tiers.py`); failed tes
 pytest's ``FAILED``/``ERROR`` lines.
 
 Runs accumulate in ``benchmarks/results/ci-time.json`` while the commit stays the same (a new
-commit starts the list again): ``cold_minutes`` and ``warm_minutes`` are the newest of each,
-``consecutive_green_runs`` the green runs since the last red one, ``flaky_tests`` every test
-that failed in some run of a commit whose other runs passed it. Machine-readable on stdout too.
+commit starts the list again; the older commit's runs stay under ``earlier_runs``):
+``cold_minutes`` and ``warm_minutes`` are the newest of each, ``consecutive_green_runs`` the
+green runs since the last red one, ``flaky_tests`` every test that failed in some run of a
+commit whose other runs passed it. Machine-readable on stdout too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "ci-time.json"
 LIMIT_MINUTES = 90
 GOAL = {"cold_minutes": 45, "warm_minutes": 30}
-FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+)")
+FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+)", re.MULTILINE)
 #: Variables that point a tool at a cache; a cold run drops them and gets a new HOME instead.
 CACHE_VARIABLES = ("GOPATH", "GOCACHE", "GOMODCACHE", "UV_CACHE_DIR", "PIP_CACHE_DIR",
                    "XDG_CACHE_HOME", "RLHF_CACHE_DIR", "npm_config_cache")  # fmt: skip
@@ -83,18 +84,20 @@ def one_run(commit: str, cold: bool, keep: bool) -> dict[str, Any]:
         "exit_code": code,
         "tier_minutes": {t["name"]: round((t["seconds"] or 0) / 60, 1) for t in tiers["tiers"]},
         "tests": {t["name"]: t["summary"] for t in tiers["tiers"] if t.get("summary")},
-        "failed_tests": sorted(set(FAILED.findall(text, re.MULTILINE))),
+        "failed_tests": sorted(set(FAILED.findall(text))),
     }
-    if keep or code != 0:
-        shutil.copyfile(log, RESULT.parent / f"ci-time-{result['kind']}-{commit[:10]}.log")
-    if not keep:
+    if keep or code != 0:  # a red run's clone and log stay, to read why
+        print(f"[ci-time] kept {scratch} (log: {log})", file=sys.stderr, flush=True)
+    else:
         subprocess.run(["bash", "-c", "cd repo && .venv/bin/python -m rlhf_local down"],
                        cwd=scratch, capture_output=True, check=False)  # fmt: skip
         shutil.rmtree(scratch, ignore_errors=True)
     return result
 
 
-def summarise(commit: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(
+    commit: str, runs: list[dict[str, Any]], earlier: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     def newest(kind: str) -> float | None:
         return next((r["minutes"] for r in reversed(runs) if r["kind"] == kind), None)
 
@@ -121,6 +124,7 @@ def summarise(commit: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "flaky_tests": len(flaky),
         "flaky_test_names": flaky,
         "runs": runs,
+        "earlier_runs": earlier or [],
     }
 
 
@@ -131,14 +135,21 @@ def main() -> int:
     kind.add_argument("--warm", action="store_true", help="this machine's caches")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--commit", default="HEAD")
-    parser.add_argument("--keep", action="store_true", help="keep the clones and their logs")
+    parser.add_argument("--keep", action="store_true", help="keep green runs' clones and logs too")
     args = parser.parse_args()
     commit = commit_of(args.commit)
     previous = json.loads(RESULT.read_text()) if RESULT.exists() else {}
-    runs = previous.get("runs", []) if previous.get("commit") == commit else []
+    same = previous.get("commit") == commit
+    runs = previous.get("runs", []) if same else []
+    earlier = previous.get("earlier_runs", [])
+    if not same:  # the older commit's runs stay on record, the newest ten
+        earlier = [
+            *earlier,
+            *({**r, "commit": previous["commit"]} for r in previous.get("runs", [])),
+        ]
     for _ in range(args.runs):
         runs.append(one_run(commit, args.cold, args.keep))
-        summary = summarise(commit, runs)
+        summary = summarise(commit, runs, earlier[-10:])
         RESULT.write_text(json.dumps(summary, indent=2) + "\n")
         print(json.dumps({k: v for k, v in summary.items() if k != "runs"}), flush=True)
     return 0 if all(r["green"] for r in runs[-args.runs :]) else 1

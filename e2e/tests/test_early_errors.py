@@ -10,12 +10,14 @@ Provisioning.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from rlhf_local import pools
 from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, job_manifest
@@ -197,3 +199,12 @@ def test_pods_the_scheduler_cannot_place_or_the_kubelet_cannot_start_show_why(
         assert status["phase"] == "Provisioning", "a Secret created later is picked up: it waits"
     finally:
         lc.core.delete_node(pool)
+        # No kubelet confirms a graceful deletion of the pods that were placed there: remove
+        # them at once, or the namespace's deletion waits for the controller manager's pod GC
+        # (about 40 s after the node goes).
+        for placed in lc.core.list_namespaced_pod(jobs.namespace).items:
+            if placed.spec.node_name == pool:
+                with contextlib.suppress(ApiException):  # gone already
+                    lc.core.delete_namespaced_pod(
+                        placed.metadata.name, jobs.namespace, grace_period_seconds=0
+                    )

@@ -202,7 +202,9 @@ def test_1_2_6_killed_frozen_and_corrupt_restarts_resume_in_place_then_a_drain_l
     same cluster): a job's start-up is most of what each case cost on its own.
     """
     started = time.time()
-    run = fault_run("inplace", algorithm={"totalSteps": 40})
+    # Steps enough after the drain for several of Prometheus's scrapes of the last driver (every
+    # 5 s): the earlier attempts each train a few seconds only.
+    run = fault_run("inplace", algorithm={"totalSteps": 64})
 
     # 1: killed.
     run.wait_past_checkpoint()
