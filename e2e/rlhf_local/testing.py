@@ -83,16 +83,16 @@ def _namespace(
     try:
         yield name
     finally:
-        # Wait until it is gone, so its pods no longer hold GPUs the next test needs.
-        core = local_cluster.core
+        # Wait until what the next test could meet is gone: pods (they hold GPUs and Kueue's
+        # quota) and RayClusters (the stand-in runs a Ray cluster for each). The namespace
+        # itself goes a few seconds later in the background: the namespace controller re-checks
+        # an emptied namespace only every few seconds, 5-10 s a test when waited for.
+        core, custom = local_cluster.core, local_cluster.custom
         core.delete_namespace(name)
 
-        def gone() -> bool:
-            items: list[Any] = core.list_namespace().items
-            return name not in {n.metadata.name for n in items}
+        def emptied() -> bool:
+            pods: list[Any] = core.list_namespaced_pod(name).items
+            clusters = custom.list_namespaced_custom_object("ray.io", "v1", name, "rayclusters")
+            return not pods and not clusters["items"]
 
-        wait_for(
-            gone,
-            120,
-            f"namespace {name} to be deleted",
-        )
+        wait_for(emptied, 120, f"the pods and RayClusters of namespace {name} to be deleted")
