@@ -92,7 +92,7 @@ def _namespace(
 
         def emptied() -> bool:
             pods: list[Any] = core.list_namespaced_pod(name).items
-            clusters = custom.list_namespaced_custom_object("ray.io", "v1", name, "rayclusters")
-            return not pods and not clusters["items"]
+            listed: Any = custom.list_namespaced_custom_object("ray.io", "v1", name, "rayclusters")
+            return not pods and not listed["items"]
 
         wait_for(emptied, 120, f"the pods and RayClusters of namespace {name} to be deleted")
