@@ -20,12 +20,14 @@ from rlhf_local import prometheus as prom
 from rlhf_local.build import cached_tool
 from rlhf_local.operator_process import (
     CHART,
+    MONITORING_VALUES,
     OPERATOR_NAMESPACE,
     OperatorProcess,
     chart_deployment,
     chart_manifests,
     chart_service_account,
     helm,
+    of_kind,
 )
 from rlhf_operator import builder, names
 from rlhfjob.contract.env import TRAINER_METRICS_PORT_NAME
@@ -44,28 +46,14 @@ CLUSTER_KINDS = {
 RAY_AUTH_DIR = "/etc/rlhfjob-operator/ray-auth"
 
 
-def _of_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [m for m in manifests if m["kind"] == kind]
-
-
 def _container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(chart_deployment(manifests)["spec"]["template"]["spec"]["containers"][0])
 
 
 def _admission(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    (policy,) = _of_kind(manifests, "ValidatingAdmissionPolicy")
-    (binding,) = _of_kind(manifests, "ValidatingAdmissionPolicyBinding")
+    (policy,) = of_kind(manifests, "ValidatingAdmissionPolicy")
+    (binding,) = of_kind(manifests, "ValidatingAdmissionPolicyBinding")
     return policy, binding
-
-
-# -- rendered, no cluster ----------------------------------------------------------------------
-
-
-MONITORING = (
-    "metrics.serviceMonitor.enabled=true",
-    "metrics.podMonitor.enabled=true",
-    "metrics.prometheusRule.enabled=true",
-)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +62,7 @@ MONITORING = (
         [],
         ["watchNamespaces={team-a,team-b}"],
         ["jobPolicy.admissionPolicy.enabled=false"],
-        list(MONITORING),
+        list(MONITORING_VALUES),
     ],
     ids=["default", "watch-namespaces", "no-admission-policy", "monitoring"],
 )
@@ -101,7 +89,7 @@ def test_default_install_is_cluster_wide_and_non_root() -> None:
     pod = chart_deployment(manifests)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
-    dashboards = _of_kind(manifests, "ConfigMap")
+    dashboards = of_kind(manifests, "ConfigMap")
     assert {m["metadata"]["labels"]["grafana_dashboard"] for m in dashboards} == {"1"}
     assert len(dashboards) == 2
 
@@ -114,8 +102,8 @@ def test_monitoring_objects_are_off_by_default() -> None:
 
 
 def test_the_pod_monitor_scrapes_the_ports_the_builder_gives_the_ray_pods() -> None:
-    manifests = chart_manifests(*MONITORING)
-    (monitor,) = _of_kind(manifests, "PodMonitor")
+    manifests = chart_manifests(*MONITORING_VALUES)
+    (monitor,) = of_kind(manifests, "PodMonitor")
     spec = monitor["spec"]
     assert spec["namespaceSelector"] == {"any": True}
     keys = {e["key"] for e in spec["selector"]["matchExpressions"]}
@@ -126,12 +114,12 @@ def test_the_pod_monitor_scrapes_the_ports_the_builder_gives_the_ray_pods() -> N
     for endpoint in spec["podMetricsEndpoints"]:
         targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
         assert targets["rlhfjob"] == ["__meta_kubernetes_pod_label_rlhf_dev_job"]
-    (service_monitor,) = _of_kind(manifests, "ServiceMonitor")
+    (service_monitor,) = of_kind(manifests, "ServiceMonitor")
     assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
-    watched = chart_manifests(*MONITORING, "watchNamespaces={team-a}")
-    (monitor,) = _of_kind(watched, "PodMonitor")
+    watched = chart_manifests(*MONITORING_VALUES, "watchNamespaces={team-a}")
+    (monitor,) = of_kind(watched, "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
-    (no_ray,) = _of_kind(chart_manifests(*MONITORING, "metrics.podMonitor.rayMetrics=false"),
+    (no_ray,) = of_kind(chart_manifests(*MONITORING_VALUES, "metrics.podMonitor.rayMetrics=false"),
                          "PodMonitor")  # fmt: skip
     assert [e["port"] for e in no_ray["spec"]["podMetricsEndpoints"]] == ["trainer-metrics"]
 
@@ -139,9 +127,9 @@ def test_the_pod_monitor_scrapes_the_ports_the_builder_gives_the_ray_pods() -> N
 def test_the_alerts_select_this_releases_operator_and_take_their_durations_from_values() -> None:
     values = ("metrics.prometheusRule.alerts.degradedFor=7m",
               "metrics.prometheusRule.alertLabels.team=ml")  # fmt: skip
-    manifests = chart_manifests(*MONITORING, *values, release="prod")
-    (service,) = _of_kind(manifests, "Service")
-    (rule,) = _of_kind(manifests, "PrometheusRule")
+    manifests = chart_manifests(*MONITORING_VALUES, *values, release="prod")
+    (service,) = of_kind(manifests, "Service")
+    (rule,) = of_kind(manifests, "PrometheusRule")
     rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
     assert [r["alert"] for r in rules] == list(prom.ALERTS)
     by_name = {r["alert"]: r for r in rules}
@@ -160,9 +148,9 @@ def test_the_alerts_select_this_releases_operator_and_take_their_durations_from_
 
 def test_watch_namespaces_gives_one_role_per_namespace() -> None:
     manifests = chart_manifests("watchNamespaces={team-a,team-b}")
-    roles = sorted(m["metadata"]["namespace"] for m in _of_kind(manifests, "Role"))
+    roles = sorted(m["metadata"]["namespace"] for m in of_kind(manifests, "Role"))
     assert roles == ["team-a", "team-b"]
-    (nodes,) = _of_kind(manifests, "ClusterRole")  # nodes are cluster-wide: read-only, alone
+    (nodes,) = of_kind(manifests, "ClusterRole")  # nodes are cluster-wide: read-only, alone
     assert nodes["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     args = _container(manifests)["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
@@ -198,11 +186,9 @@ def test_two_releases_coexist(watch: list[str]) -> None:
             release
         )
         volumes = deployment["spec"]["template"]["spec"]["volumes"]
-        secrets = {m["metadata"]["name"] for m in _of_kind(manifests, "Secret")}
+        secrets = {m["metadata"]["name"] for m in of_kind(manifests, "Secret")}
         assert {v["secret"]["secretName"] for v in volumes if "secret" in v} <= secrets
-        for binding in _of_kind(manifests, "ClusterRoleBinding") + _of_kind(
-            manifests, "RoleBinding"
-        ):
+        for binding in of_kind(manifests, "ClusterRoleBinding") + of_kind(manifests, "RoleBinding"):
             assert binding["subjects"] == [
                 {"kind": "ServiceAccount", "name": account, "namespace": namespace}
             ]
@@ -237,7 +223,7 @@ def test_rbac_writes_secrets_and_network_policies_but_never_reads_secrets(
     watch: list[str],
 ) -> None:
     manifests = chart_manifests(*watch)
-    roles = _of_kind(manifests, "ClusterRole") + _of_kind(manifests, "Role")
+    roles = of_kind(manifests, "ClusterRole") + of_kind(manifests, "Role")
     # The one role for nodes (cluster-wide in either mode) lists them, nothing more.
     nodes = [r for r in roles if r["metadata"]["name"].endswith("-nodes")]
     assert [r["rules"] for r in nodes] == [
@@ -285,7 +271,7 @@ def test_operator_gets_its_identity_policy_and_ray_auth_key() -> None:
     (mount,) = container["volumeMounts"]
     assert mount == {"name": "ray-auth", "mountPath": RAY_AUTH_DIR, "readOnly": True}
     (volume,) = pod["spec"]["volumes"]
-    (secret,) = _of_kind(manifests, "Secret")
+    (secret,) = of_kind(manifests, "Secret")
     assert volume["secret"]["secretName"] == secret["metadata"]["name"] == "rlhfjob-ray-auth-key"
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     key = base64.b64decode(secret["data"]["key"]).decode()
@@ -300,7 +286,7 @@ def test_operator_gets_its_identity_policy_and_ray_auth_key() -> None:
 
 def test_an_existing_ray_auth_secret_replaces_the_generated_one() -> None:
     manifests = chart_manifests("rayAuth.existingSecret=my-ray-key")
-    assert not _of_kind(manifests, "Secret")
+    assert not of_kind(manifests, "Secret")
     (volume,) = chart_deployment(manifests)["spec"]["template"]["spec"]["volumes"]
     assert volume["secret"]["secretName"] == "my-ray-key"
 
@@ -340,8 +326,8 @@ def test_admission_policy_is_rendered_from_the_job_policy_values() -> None:
     assert "allowed: persistentVolumeClaim, nfs" in volume["message"]
     assert '"rlhfjob-system"' in own["expression"] and '"rlhfjob"' in own["expression"]
     disabled = chart_manifests("jobPolicy.admissionPolicy.enabled=false")
-    assert not _of_kind(disabled, "ValidatingAdmissionPolicy")
-    assert not _of_kind(disabled, "ValidatingAdmissionPolicyBinding")
+    assert not of_kind(disabled, "ValidatingAdmissionPolicy")
+    assert not of_kind(disabled, "ValidatingAdmissionPolicyBinding")
 
 
 def test_values_schema_rejects_a_misspelt_value() -> None:

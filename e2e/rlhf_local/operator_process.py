@@ -57,6 +57,19 @@ def _free_port() -> int:
 OPERATOR_VALUES = ("kueue.enabled=true",)
 
 
+#: The chart's values that turn its monitoring objects on (all off by default).
+MONITORING_VALUES = (
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.podMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+)
+
+
+def of_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The rendered objects of one kind."""
+    return [m for m in manifests if m["kind"] == kind]
+
+
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run helm (fetched in seconds when missing: rendering needs no control plane)."""
     binary = str(build.ensure_tools()["helm"])

@@ -16,6 +16,7 @@ from rlhf_local import build, cluster
 from rlhf_local.harness import wait_for
 from rlhf_local.operator_process import (
     CHART,
+    MONITORING_VALUES,
     OPERATOR_NAMESPACE,
     REPO,
     apply_admission_policy,
@@ -23,6 +24,7 @@ from rlhf_local.operator_process import (
     chart_manifests,
     chart_service_account,
     helm,
+    of_kind,
     refusal,
     remove_admission_policy,
 )
@@ -31,17 +33,6 @@ from rlhfjob import api
 from rlhfjob.patches import merge_patch
 
 pytestmark = pytest.mark.e2e
-
-#: The chart's monitoring objects (off by default).
-MONITORING = (
-    "metrics.serviceMonitor.enabled=true",
-    "metrics.podMonitor.enabled=true",
-    "metrics.prometheusRule.enabled=true",
-)
-
-
-def _of_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [m for m in manifests if m["kind"] == kind]
 
 
 def test_the_monitoring_objects_pass_the_prometheus_operators_crds(
@@ -58,7 +49,7 @@ def test_the_monitoring_objects_pass_the_prometheus_operators_crds(
         for name in names:
             cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
         monitoring = [
-            m for m in chart_manifests(*MONITORING, namespace=unrestricted_namespace)
+            m for m in chart_manifests(*MONITORING_VALUES, namespace=unrestricted_namespace)
             if m["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
         ]  # fmt: skip
         assert len(monitoring) == 3
@@ -132,10 +123,10 @@ def test_helm_install_upgrade_uninstall(local_cluster: LocalCluster) -> None:
     in_namespace = ["--kubeconfig", str(lc.kubeconfig), "-n", namespace]
     manifests = chart_manifests(release=release, namespace=namespace)
     deployment = chart_deployment(manifests)["metadata"]["name"]
-    roles = [r["metadata"]["name"] for r in _of_kind(manifests, "ClusterRole")]
+    roles = [r["metadata"]["name"] for r in of_kind(manifests, "ClusterRole")]
     assert len(roles) == 2, roles  # the operator's, and the read-only one for nodes
-    (policy,) = _of_kind(manifests, "ValidatingAdmissionPolicy")
-    (secret,) = _of_kind(manifests, "Secret")
+    (policy,) = of_kind(manifests, "ValidatingAdmissionPolicy")
+    (secret,) = of_kind(manifests, "Secret")
     cluster_objects = [
         *(("clusterrole", role) for role in roles),
         *(("clusterrolebinding", role) for role in roles),
