@@ -51,6 +51,15 @@ def test_the_table_shows_every_tier_and_fails_when_one_did_or_did_not_run() -> N
     assert run.passed
 
 
+def test_the_last_line_adds_up_every_pytest_tier() -> None:
+    run = tiers.Run(tiers.tiers([]))
+    run.tiers[3].summary = "1248 passed, 2 skipped"
+    run.tiers[5].summary = "2 failed, 56 passed, 1 error"
+    assert tiers.closing_line(run) == "tests: 1304 passed, 3 failed, 2 skipped"
+    run.tiers[5].summary = None
+    assert tiers.closing_line(run) == "tests: 1248 passed, 0 failed, 2 skipped"
+
+
 def run_record(kind: str, green: bool, failed: list[str] | None = None) -> dict[str, Any]:
     return {"kind": kind, "minutes": 40.0 if kind == "cold" else 30.0, "green": green,
             "date": "2026-12-03T00:00:00+00:00", "failed_tests": failed or []}  # fmt: skip

@@ -215,7 +215,9 @@ def argv(weed: Path, lay: Layout, ports: Mapping[str, int]) -> list[str]:
 @functools.cache
 def _has_legacy_admin_port(weed: Path) -> bool:
     """Whether this `weed` has a legacy admin port to switch off: the compiled fallback (4.53)
-    opens one on a fixed port; the pinned release (4.48) has none, and refuses the flag."""
+    opens one on a fixed port; the pinned release (4.48) has none, and refuses the flag. (4.48's
+    maintenance worker dials the admin's gRPC at its HTTP port + 10000, not at the port given:
+    it logs that it cannot connect and retries; the S3 path does not use it.)"""
     usage = subprocess.run([str(weed), "mini", "-h"], capture_output=True, text=True, timeout=30)
     return "-admin.port.legacy" in usage.stdout + usage.stderr
 

@@ -87,6 +87,20 @@ def table(run: Run) -> str:
     return "\n".join(rows)
 
 
+def closing_line(run: Run) -> str:
+    """Every pytest tier's counts added up, as one plain last line: "tests: N passed, N failed"
+    (", N skipped" when any were)."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for tier in run.tiers:
+        for number, word in re.findall(
+            r"(\d+) (passed|failed|skipped|errors?)", tier.summary or ""
+        ):
+            counts[word.rstrip("s") if word.startswith("error") else word] += int(number)
+    failed = counts["failed"] + counts["error"]
+    skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
+    return f"tests: {counts['passed']} passed, {failed} failed{skipped}"
+
+
 def save(run: Run) -> None:
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     data = {
@@ -111,6 +125,7 @@ def main(argv: list[str]) -> int:
         subprocess.run([PY, "-m", "rlhf_local.build", "--stop"], cwd=REPO, check=False)
         save(run)
         print(f"\n[tiers] time per tier (also in {RESULT.relative_to(REPO)}):\n{table(run)}")
+        print(closing_line(run), flush=True)
     return 0 if run.passed else 1
 
 
