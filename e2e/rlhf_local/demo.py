@@ -31,6 +31,7 @@ from rlhf_local.jobs import ray_token
 from rlhf_local.paths import REPO_ROOT
 from rlhf_local.session import operator_session
 from rlhfjob import api
+from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 EXAMPLE = REPO_ROOT / "examples" / "grpo-tiny-cpu.yaml"
 TIMEOUT = 1800.0
@@ -119,7 +120,7 @@ def run(out: Path, keep_cluster: bool = False) -> int:
             checkpoint = (status.get("lastCheckpoint") or {}).get("step")
             if injected_at is None and checkpoint and status.get("phase") == "Running":
                 cluster_body = lc.custom.get_namespaced_custom_object(
-                    "ray.io", "v1", namespace, "rayclusters", name
+                    RAY_GROUP, RAY_VERSION, namespace, RAY_CLUSTERS, name
                 )
                 token = ray_token(lc, namespace, cluster_body)  # type: ignore[arg-type]
                 pid = driver_pid(status["dashboardUrl"], status["submissionId"], token)

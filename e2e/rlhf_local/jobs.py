@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rlhf_local import pools
 from rlhf_local.harness import LocalCluster, events_for, wait_for
 from rlhfjob import api, contract
+from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
 
@@ -128,7 +129,7 @@ class Jobs:
 
     def ray_cluster(self, name: str) -> dict[str, Any] | None:
         listed: Any = self.lc.custom.list_namespaced_custom_object(
-            "ray.io", "v1", self.namespace, "rayclusters"
+            RAY_GROUP, RAY_VERSION, self.namespace, RAY_CLUSTERS
         )
         items: list[dict[str, Any]] = listed["items"]
         return next((rc for rc in items if rc["metadata"]["name"] == name), None)

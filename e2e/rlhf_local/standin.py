@@ -54,10 +54,10 @@ from rlhf_operator.names import LABEL_JOB, LABEL_ROLE
 from rlhfjob import contract
 from rlhfjob.api import ENV_TRAINER_METRICS_PORT
 from rlhfjob.contract.env import TRAINER_METRICS_PORT_NAME
+from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 DASHBOARD_ANNOTATION = contract.DASHBOARD_ANNOTATION
 GCS_ANNOTATION = "rlhf.dev/gcs-address"
-RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayclusters"
 #: Per-node object store: Ray's default (30% of RAM per node) would not fit many nodes here.
 OBJECT_STORE_BYTES = int(os.environ.get("RLHF_STANDIN_OBJECT_STORE_BYTES", 100 * 1024 * 1024))
 JOIN_TIMEOUT = 90.0
@@ -460,7 +460,7 @@ class StandIn:
                 RAY_GROUP,
                 RAY_VERSION,
                 local.namespace,
-                RAY_PLURAL,
+                RAY_CLUSTERS,
                 local.name,
                 # The uid makes the patch fail on a successor of the same name (409/422): a
                 # torn-down cluster must not clear the new cluster's addresses.
@@ -490,7 +490,7 @@ class StandIn:
 
     def reconcile(self) -> None:
         """One pass: compare RayClusters and pods with running Ray processes and fix it."""
-        listed: Any = self.custom.list_cluster_custom_object(RAY_GROUP, RAY_VERSION, RAY_PLURAL)
+        listed: Any = self.custom.list_cluster_custom_object(RAY_GROUP, RAY_VERSION, RAY_CLUSTERS)
         rcs: list[dict[str, Any]] = listed["items"]
         pods: list[Any] = self.core.list_pod_for_all_namespaces(
             label_selector="ray.io/cluster"

@@ -26,6 +26,7 @@ from kubernetes import client, config
 
 from rlhf_local import cluster
 from rlhf_local.harness import LocalCluster, WaitTimeoutError, events_for, failure_report, wait_for
+from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 __all__ = [
     "LocalCluster",
@@ -92,7 +93,9 @@ def _namespace(
 
         def emptied() -> bool:
             pods: list[Any] = core.list_namespaced_pod(name).items
-            listed: Any = custom.list_namespaced_custom_object("ray.io", "v1", name, "rayclusters")
+            listed: Any = custom.list_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, name, RAY_CLUSTERS
+            )
             return not pods and not listed["items"]
 
         wait_for(emptied, 120, f"the pods and RayClusters of namespace {name} to be deleted")

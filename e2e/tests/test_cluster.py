@@ -15,6 +15,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from rlhf_local import cluster, pools
 from rlhf_local.standin import DASHBOARD_ANNOTATION
 from rlhf_local.testing import LocalCluster, events_for, wait_for
+from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +104,7 @@ def ray_cluster(
 
 
 def get_rc(lc: LocalCluster, ns: str, name: str) -> dict[str, Any]:
-    return lc.custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", name)
+    return lc.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, ns, RAY_CLUSTERS, name)
 
 
 def ray_pods(lc: LocalCluster, ns: str, name: str, node_type: str) -> list[Any]:

@@ -35,6 +35,7 @@ from rlhf_local.jobs import SLEEP_FOREVER, Jobs, job_manifest
 from rlhf_local.operator_process import OperatorProcess, metric_value
 from rlhf_local.testing import LocalCluster, wait_for
 from rlhfjob import api
+from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +57,7 @@ FAILED_ATTEMPTS = 7
 def ray_clusters(jobs: Jobs) -> list[dict[str, Any]]:
     """Every RayCluster in the namespace, including any being deleted."""
     listed: Any = jobs.lc.custom.list_namespaced_custom_object(
-        "ray.io", "v1", jobs.namespace, "rayclusters"
+        RAY_GROUP, RAY_VERSION, jobs.namespace, RAY_CLUSTERS
     )
     items: list[dict[str, Any]] = listed["items"]
     return items

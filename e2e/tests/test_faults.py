@@ -38,6 +38,7 @@ from rlhf_local.standin import SCRAPE_TARGETS
 from rlhf_local.testing import LocalCluster, wait_for
 from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
 from rlhf_trainer.object_store import BucketTier
+from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -467,7 +468,7 @@ def test_5_10_a_lost_head_then_a_cluster_deleted_with_its_volumes_checkpoints_re
                             run.jobs.ray_token(run.name))  # fmt: skip
     assert pid is not None
     jobs.lc.custom.delete_namespaced_custom_object(
-        "ray.io", "v1", jobs.namespace, "rayclusters", run.name
+        RAY_GROUP, RAY_VERSION, jobs.namespace, RAY_CLUSTERS, run.name
     )
     wait_for(lambda: not process_alive(pid), 120, "the old driver to die with its cluster")
     newest = bucket.complete()[0].step  # an upload the driver did not finish is not complete
