@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfjob import api
+from rlhfjob.contract.lease import LEASE_STOP_REQUESTED_AT, LeaseReport
 from rlhfjob.crdgen import REPO_ROOT, default_text, print_write_or_check
 
 REFERENCE_PATH = REPO_ROOT / "docs" / "api-reference.md"
@@ -192,7 +193,22 @@ class _Reference:
                 + "\n".join(self.rows(section.schema))
                 + "\n"
             )
+        parts.append(_lease_section())
         return "\n".join(parts)
+
+
+def _lease_section() -> str:
+    """The heartbeat Lease's annotations: not part of the spec, but what `kubectl get lease
+    <job> -o yaml` shows a user debugging a hung or stalled job (design decision 4)."""
+    rows = [f"| `{key}` | {meaning} |" for key, meaning in LeaseReport.describe()]
+    return (
+        "## The heartbeat Lease\n\n"
+        "The trainer's driver renews a Lease named after the job and reports its progress in "
+        "these annotations; the operator reads them (`rlhfjob.contract.LeaseReport`).\n\n"
+        "| Annotation | Meaning |\n| --- | --- |\n" + "\n".join(rows) + "\n"
+        f"| `{LEASE_STOP_REQUESTED_AT}` | Written by the operator: a drain's request to "
+        "checkpoint and exit; the trainer answers in `checkpoint-requested-at`. |\n"
+    )
 
 
 def render_reference() -> str:

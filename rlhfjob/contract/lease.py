@@ -1,8 +1,9 @@
 """The heartbeat Lease report (design decision 4): what the trainer tells the operator.
 
 The trainer driver writes a `LeaseReport` into the annotations of a Lease named after the job
-(`to_annotations`); the operator reads it back (`from_annotations`). Each field names its
-annotation and its codec once, here, so a new field is one line plus its round-trip test. Decoding
+(`to_annotations`); the operator reads it back (`from_annotations`). Each field is declared
+once, here: its annotation, its codec and its meaning, so a new field is one declaration plus its
+round-trip test, and the table in the docs comes from `LeaseReport.describe`. Decoding
 is lenient both ways: a key the reader does not know is ignored (a newer trainer), a missing or
 unreadable one is None (an older trainer, a hand edit), never an error.
 """
@@ -17,38 +18,17 @@ from typing import Any, NamedTuple
 
 from rlhfjob.api import GROUP
 
-LEASE_STEP = f"{GROUP}/step"
-LEASE_TOTAL_STEPS = f"{GROUP}/total-steps"
-LEASE_CHECKPOINT_STEP = f"{GROUP}/checkpoint-step"
-LEASE_CHECKPOINT_PATH = f"{GROUP}/checkpoint-path"
-LEASE_PHASE = f"{GROUP}/phase"
-"""What the driver is doing: a step's phase (`generate`, `update`, ...), or one of these two."""
 PHASE_STARTING = "starting"
-"""Booting its actors, before the first step."""
+"""`phase` while the driver boots its actors, before the first step."""
 PHASE_EXITING = "exiting"
-"""Done (trained, drained or failed): drawing its curve, taking its actors down, then leaving.
-Ray's verdict on the job follows; the operator gives it `EXIT_GRACE_SECONDS` beyond the
-heartbeat timeout before it calls the driver hung."""
+"""`phase` once done (trained, drained or failed): drawing its curve, taking its actors down,
+then leaving. Ray's verdict on the job follows; the operator gives it `EXIT_GRACE_SECONDS` beyond
+the heartbeat timeout before it calls the driver hung."""
 EXIT_GRACE_SECONDS = 60
-LEASE_ATTEMPT = f"{GROUP}/attempt"
-LEASE_STEP_TIME = f"{GROUP}/step-time"
-"""RFC 3339 time at which `step` last advanced: the operator's evidence of progress."""
-LEASE_ROLLOUT_ENGINES = f"{GROUP}/rollout-engines"
-"""`<live>/<desired>` rollout engines the trainer generates with (elastic roles, decision 5)."""
-LEASE_REWARD_MODELS = f"{GROUP}/reward-models"
-"""`<live>/<desired>` reward-model replicas the trainer scores with (an elastic role too)."""
-LEASE_REWARD_MEAN = f"{GROUP}/reward-mean"
-"""Mean reward of the last step (a decimal number): the job's status shows it."""
-LEASE_TOKENS_PER_SECOND = f"{GROUP}/tokens-per-second"
-"""Generation throughput of the last step's rollout, in tokens per second."""
-LEASE_CHECKPOINT_REQUESTED_AT = f"{GROUP}/checkpoint-requested-at"
-"""When the trainer saw a request to checkpoint now (preemption): its acknowledgement."""
-LEASE_CHECKPOINT_SAVED_STEP = f"{GROUP}/checkpoint-saved-step"
-"""The step of the checkpoint it saved in answer: after that the pods may go."""
 LEASE_STOP_REQUESTED_AT = f"{GROUP}/stop-requested-at"
 """The one annotation the operator writes (RFC 3339): "finish your step, checkpoint it and exit"
 (a drain before the cluster is released). The trainer sees it at its next renewal, answers in
-`checkpoint-requested-at` with the same time, and ignores a request it (or an earlier driver)
+`checkpoint_requested_at` with the same time, and ignores a request it (or an earlier driver)
 already answered; the operator removes it when the drain ends."""
 
 
@@ -91,43 +71,56 @@ _TIME = _Codec(format_time, parse_time)
 _ENGINES = _Codec(str, EngineCount.parse)
 
 
-def _wire(key: str, codec: _Codec) -> dict[str, Any]:
-    """A field's annotation and how its value is written there."""
-    return {"key": key, "codec": codec}
+def _annotation(name: str, codec: _Codec, doc: str) -> Any:
+    """A field of the report: its annotation ``rlhf.dev/<name>``, how its value is written
+    there, and what it means (the one declaration of each; `LeaseReport.describe` lists them)."""
+    return field(default=None, metadata={"key": f"{GROUP}/{name}", "codec": codec, "doc": doc})
 
 
 @dataclass(frozen=True, kw_only=True)
 class LeaseReport:
     """The trainer's progress as the Lease carries it; None fields are not written."""
 
-    step: int | None = field(default=None, metadata=_wire(LEASE_STEP, _INT))
-    """Last completed training step."""
-    step_changed: datetime | None = field(default=None, metadata=_wire(LEASE_STEP_TIME, _TIME))
-    """When `step` was first reported with its current value (stalled versus slow)."""
-    total_steps: int | None = field(default=None, metadata=_wire(LEASE_TOTAL_STEPS, _INT))
-    phase: str | None = field(default=None, metadata=_wire(LEASE_PHASE, _TEXT))
-    """What the trainer is doing now (``generate``, ``update``, ...)."""
-    checkpoint_step: int | None = field(default=None, metadata=_wire(LEASE_CHECKPOINT_STEP, _INT))
-    checkpoint_path: str | None = field(default=None, metadata=_wire(LEASE_CHECKPOINT_PATH, _TEXT))
-    attempt: int | None = field(default=None, metadata=_wire(LEASE_ATTEMPT, _INT))
-    """Which restart wrote it, so the operator ignores a stale writer."""
-    rollout_engines: EngineCount | None = field(
-        default=None, metadata=_wire(LEASE_ROLLOUT_ENGINES, _ENGINES)
+    step: int | None = _annotation("step", _INT, "Last completed training step.")
+    step_changed: datetime | None = _annotation(
+        "step-time", _TIME, "When `step` first had its current value: stalled versus slow."
     )
-    reward_models: EngineCount | None = field(
-        default=None, metadata=_wire(LEASE_REWARD_MODELS, _ENGINES)
+    total_steps: int | None = _annotation("total-steps", _INT, "Steps the run is configured for.")
+    phase: str | None = _annotation(
+        "phase",
+        _TEXT,
+        "What the driver does now: `generate`, `update`, ..., `starting`, `exiting`.",
     )
-    reward_mean: float | None = field(default=None, metadata=_wire(LEASE_REWARD_MEAN, _FLOAT))
-    """Mean reward of the last step."""
-    tokens_per_second: float | None = field(
-        default=None, metadata=_wire(LEASE_TOKENS_PER_SECOND, _FLOAT)
+    checkpoint_step: int | None = _annotation(
+        "checkpoint-step", _INT, "Step of the newest complete checkpoint."
     )
-    """Generation throughput of the last step's rollout."""
-    checkpoint_requested_at: datetime | None = field(
-        default=None, metadata=_wire(LEASE_CHECKPOINT_REQUESTED_AT, _TIME)
+    checkpoint_path: str | None = _annotation(
+        "checkpoint-path", _TEXT, "Directory (or bucket prefix) of that checkpoint."
     )
-    checkpoint_saved_step: int | None = field(
-        default=None, metadata=_wire(LEASE_CHECKPOINT_SAVED_STEP, _INT)
+    attempt: int | None = _annotation(
+        "attempt",
+        _INT,
+        "Which restart wrote it (`$RLHF_ATTEMPT`): the operator ignores a stale one.",
+    )
+    rollout_engines: EngineCount | None = _annotation(
+        "rollout-engines", _ENGINES, "`<live>/<desired>` rollout engines it generates with."
+    )
+    reward_models: EngineCount | None = _annotation(
+        "reward-models", _ENGINES, "`<live>/<desired>` reward-model replicas it scores with."
+    )
+    reward_mean: float | None = _annotation(
+        "reward-mean", _FLOAT, "Mean reward of the last step: the job's status shows it."
+    )
+    tokens_per_second: float | None = _annotation(
+        "tokens-per-second", _FLOAT, "Generation throughput of the last step's rollout."
+    )
+    checkpoint_requested_at: datetime | None = _annotation(
+        "checkpoint-requested-at",
+        _TIME,
+        "When it saw a request to checkpoint now (`stop-requested-at`): its acknowledgement.",
+    )
+    checkpoint_saved_step: int | None = _annotation(
+        "checkpoint-saved-step", _INT, "Step of the checkpoint saved in answer: then pods may go."
     )
 
     def __post_init__(self) -> None:
@@ -142,6 +135,11 @@ class LeaseReport:
     def key(cls, name: str) -> str:
         """The annotation of field `name`."""
         return str(next(f for f in fields(cls) if f.name == name).metadata["key"])
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str]]:
+        """(annotation, meaning) of every field, in order: the table the docs show."""
+        return [(f.metadata["key"], f.metadata["doc"]) for f in fields(cls)]
 
     def to_annotations(self) -> dict[str, str]:
         encoded = {}

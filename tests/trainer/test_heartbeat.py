@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from rlhf_trainer import heartbeat as hb
 from rlhf_trainer.heartbeat import Heartbeat, NoopHeartbeat, make_heartbeat
 from rlhfjob import contract
+from rlhfjob.contract import LeaseReport
 
 NAME, NAMESPACE = "job-a-heartbeat", "team-a"
 WAIT_SECONDS = 10.0
@@ -107,21 +108,20 @@ def make(api: FakeLeaseApi, now: FakeNow, **kwargs: object) -> Heartbeat:
     return Heartbeat(api, NAME, NAMESPACE, now=now, **options)
 
 
-def test_annotation_keys_are_the_shared_contract() -> None:
-    keys = {
-        hb.ANNOTATION_STEP: contract.LEASE_STEP,
-        hb.ANNOTATION_STEP_TIME: contract.LEASE_STEP_TIME,
-        hb.ANNOTATION_TOTAL_STEPS: contract.LEASE_TOTAL_STEPS,
-        hb.ANNOTATION_PHASE: contract.LEASE_PHASE,
-        hb.ANNOTATION_CHECKPOINT_STEP: contract.LEASE_CHECKPOINT_STEP,
-        hb.ANNOTATION_CHECKPOINT_PATH: contract.LEASE_CHECKPOINT_PATH,
-        hb.ANNOTATION_ATTEMPT: contract.LEASE_ATTEMPT,
-        hb.ANNOTATION_ROLLOUT_ENGINES: contract.LEASE_ROLLOUT_ENGINES,
-    }
-    for ours, shared in keys.items():
-        assert ours == shared
-        assert ours.startswith("rlhf.dev/")
-        assert f"``{ours}``" in (hb.__doc__ or "")  # the docstring table stays complete
+def test_annotation_keys_are_stable_and_each_field_says_what_it_means() -> None:
+    """The wire names are what running trainers and operators of other versions read: a rename
+    is a protocol change, so the list is spelled out here."""
+    described = dict(LeaseReport.describe())
+    assert list(described) == [
+        f"rlhf.dev/{name}"
+        for name in ("step", "step-time", "total-steps", "phase", "checkpoint-step",
+                     "checkpoint-path", "attempt", "rollout-engines", "reward-models",
+                     "reward-mean", "tokens-per-second", "checkpoint-requested-at",
+                     "checkpoint-saved-step")
+    ]  # fmt: skip
+    assert all(meaning.strip() for meaning in described.values())
+    assert contract.LEASE_STOP_REQUESTED_AT == "rlhf.dev/stop-requested-at"
+    assert contract.LEASE_STOP_REQUESTED_AT not in described  # the operator's, not the report's
 
 
 def test_renew_writes_spec_and_progress_annotations(api: FakeLeaseApi, now: FakeNow) -> None:
@@ -181,10 +181,10 @@ def test_live_and_desired_rollout_engines_are_reported(api: FakeLeaseApi, now: F
     heartbeat.update(step=4, rollout_engines="1/2")
     heartbeat.update(step=5)  # left as None: still one of two
     heartbeat.renew()
-    assert api.lease().metadata.annotations[contract.LEASE_ROLLOUT_ENGINES] == "1/2"
+    assert api.lease().metadata.annotations[LeaseReport.key("rollout_engines")] == "1/2"
     heartbeat.update(rollout_engines="2/2")
     heartbeat.renew()
-    assert api.lease().metadata.annotations[contract.LEASE_ROLLOUT_ENGINES] == "2/2"
+    assert api.lease().metadata.annotations[LeaseReport.key("rollout_engines")] == "2/2"
     NoopHeartbeat().update(rollout_engines="0/2")  # the same call works without a Lease
 
 
@@ -323,7 +323,7 @@ def test_a_stop_request_is_acknowledged_and_passed_on_once(api: FakeLeaseApi, no
     assert heartbeat.renew() and heartbeat.renew()
     assert [contract.lease.format_time(t) for t in heard] == [REQUESTED]
     annotations = api.lease().metadata.annotations
-    assert annotations[contract.LEASE_CHECKPOINT_REQUESTED_AT] == REQUESTED  # the answer
+    assert annotations[LeaseReport.key("checkpoint_requested_at")] == REQUESTED  # the answer
     assert annotations[contract.LEASE_STOP_REQUESTED_AT] == REQUESTED  # the operator's to remove
 
 
@@ -331,7 +331,7 @@ def test_a_request_an_earlier_driver_answered_is_not_obeyed(
     api: FakeLeaseApi, now: FakeNow
 ) -> None:
     api.add_lease({contract.LEASE_STOP_REQUESTED_AT: REQUESTED,
-                   contract.LEASE_CHECKPOINT_REQUESTED_AT: REQUESTED})  # fmt: skip
+                   LeaseReport.key("checkpoint_requested_at"): REQUESTED})  # fmt: skip
     heard: list[datetime] = []
     assert make(api, now, on_stop_request=heard.append).renew()
     assert heard == []
@@ -350,5 +350,5 @@ def test_stop_renews_once_more_so_the_last_checkpoint_is_reported(
     heartbeat.update(checkpoint_step=21, checkpoint_saved_step=21)  # written after the last beat
     heartbeat.stop(timeout_seconds=WAIT_SECONDS)
     annotations = api.lease().metadata.annotations
-    assert annotations[contract.LEASE_CHECKPOINT_STEP] == "21"
-    assert annotations[contract.LeaseReport.key("checkpoint_saved_step")] == "21"
+    assert annotations[LeaseReport.key("checkpoint_step")] == "21"
+    assert annotations[LeaseReport.key("checkpoint_saved_step")] == "21"

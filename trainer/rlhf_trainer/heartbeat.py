@@ -3,22 +3,8 @@
 The operator creates a Lease named after the job; the trainer driver only reads and updates it
 (its ServiceAccount may ``get`` and ``update`` that one Lease). Every ``interval_seconds`` a
 background thread sets ``spec.renewTime`` (and ``holderIdentity``, ``leaseDurationSeconds``) and
-these annotations, a :class:`rlhfjob.contract.LeaseReport` encoded once for both sides:
-
-=============================  =============================================================
-``rlhf.dev/step``              last completed training step (decimal integer)
-``rlhf.dev/step-time``         when that step value was first reported (RFC 3339, UTC)
-``rlhf.dev/total-steps``       steps the run is configured for (decimal integer)
-``rlhf.dev/phase``             what the trainer is doing now (``generate``, ``update``, ...)
-``rlhf.dev/checkpoint-step``   step of the newest complete checkpoint (decimal integer)
-``rlhf.dev/checkpoint-path``   directory of that checkpoint
-``rlhf.dev/attempt``           which restart this driver is (``$RLHF_ATTEMPT``), so the
-                               operator can ignore a stale writer from an earlier attempt
-``rlhf.dev/rollout-engines``   ``<live>/<desired>`` rollout engines (``1/2`` while one of two
-                               is lost or rejoining: rollout is elastic)
-``rlhf.dev/reward-mean``       mean reward of the last step (decimal number)
-``rlhf.dev/tokens-per-second`` generation throughput of the last step's rollout
-=============================  =============================================================
+the annotations of a :class:`rlhfjob.contract.LeaseReport`, encoded once for both sides (each
+field's annotation and meaning is declared there; `LeaseReport.describe` lists them).
 
 A stale ``renewTime`` means the driver is hung or dead; a fresh ``renewTime`` with an old
 ``step-time`` means it is alive but stalled (an NCCL hang looks like this). Annotations not
@@ -44,16 +30,6 @@ from rlhfjob.contract.lease import LeaseReport, parse_time
 from rlhfjob.contract.lease import format_time as format_time  # re-exported for callers
 
 logger = logging.getLogger(__name__)
-
-# Re-exported from the shared contract so trainer code can refer to them from here.
-ANNOTATION_STEP = contract.LEASE_STEP
-ANNOTATION_STEP_TIME = contract.LEASE_STEP_TIME
-ANNOTATION_TOTAL_STEPS = contract.LEASE_TOTAL_STEPS
-ANNOTATION_PHASE = contract.LEASE_PHASE
-ANNOTATION_CHECKPOINT_STEP = contract.LEASE_CHECKPOINT_STEP
-ANNOTATION_CHECKPOINT_PATH = contract.LEASE_CHECKPOINT_PATH
-ANNOTATION_ATTEMPT = contract.LEASE_ATTEMPT
-ANNOTATION_ROLLOUT_ENGINES = contract.LEASE_ROLLOUT_ENGINES
 
 _SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _HTTP_CONFLICT = 409
@@ -203,7 +179,7 @@ class Heartbeat:
         requested = parse_time(annotations.get(contract.LEASE_STOP_REQUESTED_AT))
         if requested is None or self.on_stop_request is None:
             return
-        answered = parse_time(annotations.get(contract.LEASE_CHECKPOINT_REQUESTED_AT))
+        answered = parse_time(annotations.get(LeaseReport.key("checkpoint_requested_at")))
         if requested in (answered, self.progress.checkpoint_requested_at):
             return
         self.update(checkpoint_requested_at=requested)
