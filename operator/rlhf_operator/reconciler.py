@@ -49,6 +49,7 @@ from rlhf_operator.ports import (
     RayJobsPort,
 )
 from rlhf_operator.ray_auth import RayAuth
+from rlhf_operator.texts import EVENT_MESSAGE_LIMIT, trim
 from rlhf_operator.views import (
     ApplyRefusal,
     ClusterView,
@@ -76,7 +77,6 @@ log = logging.getLogger("rlhf_operator")
 EventSink = Callable[[dict[str, Any], Event], None]
 STATUS_FIELDS = frozenset(field.alias or name for name, field in RLHFJobStatus.model_fields.items())
 """The status keys the operator owns (anything else there, it leaves alone)."""
-EVENT_MESSAGE_LIMIT = 1024
 CORDONED_NODES_TTL_SECONDS = 5.0
 """The cordoned nodes are listed once per this many seconds for all jobs (one cheap list: a
 drain's checkpoint takes far longer than that)."""
@@ -382,11 +382,9 @@ class Reconciler:
                         contract.LEASE_STOP_REQUESTED_AT, None,
                     )  # fmt: skip
         for event in plan.events:
-            if len(event.message) > EVENT_MESSAGE_LIMIT:
-                event = Event(
-                    event.type, event.reason, event.message[: EVENT_MESSAGE_LIMIT - 3] + "..."
-                )
-            self.emit(body, event)
+            self.emit(
+                body, Event(event.type, event.reason, trim(event.message, EVENT_MESSAGE_LIMIT))
+            )
         return None
 
     async def _placement(

@@ -18,15 +18,12 @@ from typing import Any, Literal
 
 from rlhf_operator import names
 from rlhf_operator.queueing import WorkloadView
+from rlhf_operator.texts import CAUSE_LIMIT, MESSAGE_LIMIT
 from rlhfjob.api import RLHFJob
 from rlhfjob.contract import DASHBOARD_ANNOTATION, LeaseReport
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract.lease import LEASE_STOP_REQUESTED_AT, parse_time
 
-MESSAGE_LIMIT = 2000
-"""What is kept of an error or a Ray job's message: enough to say why, short enough for status."""
-CAUSE_LIMIT = 800
-"""What is kept of the API server's or KubeRay's words on why the cluster does not come up."""
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
 
 PERMANENT_REFUSALS = frozenset({400, 422})

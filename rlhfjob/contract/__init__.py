@@ -35,7 +35,7 @@ from rlhfjob.contract.lease import (
     EngineCount,
     LeaseReport,
 )
-from rlhfjob.contract.reasons import EventReason, FailureReason, RestartReason
+from rlhfjob.contract.reasons import DrainCause, EventReason, FailureReason, RestartReason
 
 __all__ = [
     "DASHBOARD_ANNOTATION",
@@ -50,6 +50,7 @@ __all__ = [
     "LEASE_STOP_REQUESTED_AT",
     "PHASE_EXITING",
     "PHASE_STARTING",
+    "DrainCause",
     "EngineCount",
     "EventReason",
     "ExitCode",

@@ -81,3 +81,30 @@ class EventReason(StrEnum):
     """Kueue evicted the job (a preemption): it drains, then gives its quota back."""
     QUOTA_RELEASED = "QuotaReleased"
     """Every pod of a stopped job is gone: its Kueue quota went back to the queue."""
+
+
+class DrainCause(StrEnum):
+    """Why a job drains: its trainer checkpoints its step and stops before the cluster goes.
+
+    A drain is a state of the job, held in the `Draining` condition (status True while under
+    way, the cause its reason, so these values are its wire form); what follows the release
+    depends on the cause alone.
+    """
+
+    SUSPEND = EventReason.DRAINING.value
+    """`spec.suspend` became true: the job ends Suspended, its checkpoints kept."""
+    PREEMPTION = EventReason.PREEMPTED.value
+    """Kueue evicted the job: it gives its quota back and is queued again."""
+    NODE_DRAIN = EventReason.NODE_DRAINED.value
+    """A trainer pod's node is being drained: a new cluster, off that node, resumes."""
+    RESIZE = EventReason.RESIZING.value
+    """An elastic trainer has every pod back: it restarts on all of them, the cluster kept."""
+
+    @classmethod
+    def of(cls, reason: str) -> DrainCause | None:
+        """The cause a `Draining` condition's reason names; None for a reason no operator
+        of this version writes (a hand edit): not a drain it started, so none it must end."""
+        try:
+            return cls(reason)
+        except ValueError:
+            return None

@@ -1,0 +1,65 @@
+"""What the trainer reported through its Lease, into the status: step, progress, checkpoint,
+when a recovery ended; and since when the trainer has been short of pods.
+"""
+
+from __future__ import annotations
+
+from rlhf_operator import progress
+from rlhf_operator.lifecycle.builder import PlanBuilder
+from rlhf_operator.lifecycle.plan import (
+    TRAINER,
+)
+from rlhf_operator.views import HeartbeatView
+from rlhfjob.api import CheckpointRef
+from rlhfjob.contract import EventReason
+
+
+def record_heartbeat(b: PlanBuilder) -> None:
+    """This attempt's Lease report into the status: step, progress, the newest checkpoint."""
+    beat = b.seen.heartbeat
+    if beat is None or (beat.attempt is not None and beat.attempt != b.status.restart_count):
+        return
+    b.status.last_heartbeat_time = beat.renewed
+    previous_step = b.status.current_step
+    if beat.step is not None:
+        b.status.current_step = beat.step
+    if beat.total_steps is not None:
+        b.status.total_steps = beat.total_steps
+    b.status.progress = progress.advance(
+        b.status.progress, previous_step, beat, b.status.total_steps
+    )
+    note_resumed(b, beat)
+    if beat.checkpoint_step is not None and beat.checkpoint_path:
+        known = b.status.last_checkpoint
+        if known is None or known.step != beat.checkpoint_step:
+            b.status.last_checkpoint = CheckpointRef(
+                step=beat.checkpoint_step, path=beat.checkpoint_path, time=beat.renewed
+            )
+
+
+def note_trainer_pods(b: PlanBuilder) -> None:
+    """Since when the trainer has had fewer Ready pods than replicas: an elastic trainer's
+    replacement timeout counts from then."""
+    cluster = b.seen.cluster
+    if cluster is not None and not cluster.pods_read:
+        return  # unknown this time: keep what the last reading said
+    view = cluster.roles.get(TRAINER) if cluster is not None else None
+    if view is None or view.ready >= view.desired:
+        b.status.trainer_short_since = None
+    elif b.status.trainer_short_since is None:
+        b.status.trainer_short_since = b.seen.now
+
+
+def note_resumed(b: PlanBuilder, beat: HeartbeatView) -> None:
+    """The first step the restarted trainer finishes past its checkpoint ends a recovery."""
+    history = b.status.restart_history
+    if not history or history[-1].resumed_time is not None or beat.step is None:
+        return
+    last = history[-1]
+    if beat.step <= (last.resumed_from_step or 0):
+        return
+    resumed = beat.step_changed or beat.renewed
+    history[-1] = last.model_copy(update={"resumed_time": resumed})
+    took = (resumed - last.failure_time).total_seconds()
+    message = f"training resumed: step {beat.step}, {took:.0f}s after the {last.reason} failure"
+    b.event("Normal", EventReason.RESUMED, message)
