@@ -229,7 +229,7 @@ def build_crd() -> dict[str, Any]:
 
 
 def render_crd() -> str:
-    header = "# Generated from rlhfjob/api.py by `task crds`. Do not edit.\n"
+    header = "# Generated from rlhfjob/api/ by `task crds`. Do not edit.\n"
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
 
 

@@ -23,7 +23,7 @@ REFERENCE_PATH = REPO_ROOT / "docs" / "api-reference.md"
 
 HEADER = f"""# RLHFJob API reference ({api.API_VERSION})
 
-Generated from `rlhfjob/api.py` by `python -m rlhfjob.docgen write` (`task crds`); do not edit.
+Generated from `rlhfjob/api/` by `python -m rlhfjob.docgen write` (`task crds`); do not edit.
 `kubectl explain rlhfjob.spec.<field>` shows the same descriptions. Quantities are Kubernetes
 quantities (`4`, `500m`, `16Gi`); times are RFC 3339. The cross-field rules the API server
 enforces (CEL) are in the generated CRD, `crds/{api.GROUP}_{api.PLURAL}.yaml`.

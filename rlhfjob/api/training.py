@@ -1,0 +1,570 @@
+"""What to train and how: the model, the algorithm, the dataset, rewards, checkpoints and the
+object store, recovery and liveness, and `RLHFJobSpec`, the spec as a whole.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+)
+
+from rlhfjob.api.base import (
+    DNS_SUBDOMAIN_PATTERN,
+    HTTP_URL_PATTERN,
+    IMAGE_PATTERN,
+    REWARD_FUNCTION_PATTERN,
+    ApiModel,
+    RandomInitConfig,
+    VolumeSource,
+)
+from rlhfjob.api.placement import ROLE_NAMES, HeadSpec, Roles, RoleSpec
+from rlhfjob.api.pods import ObjectName, PodDefaults, PodOverrides, _free_mount_path
+from rlhfjob.cel import CelRule, immutable
+
+
+class ModelSpec(ApiModel):
+    """Which weights each role starts from."""
+
+    policy: str | None = Field(default=None, min_length=1)
+    """Policy weights: a path in the image or on the checkpoint volume, or a model URI."""
+    random_init: RandomInitConfig | None = None
+    """A Hugging Face model config; the policy starts from random weights (smoke tests)."""
+    reference: str | None = Field(default=None, min_length=1)
+    """Reference weights; defaults to the policy's initial weights."""
+    reward: str | None = Field(default=None, min_length=1)
+    """Reward model (sequence classification head), for `reward.type: model`."""
+    critic: str | None = Field(default=None, min_length=1)
+    """Critic initial weights; defaults to the policy's (with a fresh value head)."""
+    tokenizer: str | None = Field(default=None, min_length=1)
+    """Tokenizer directory (Hugging Face format); defaults to the policy's directory when that
+    holds one. Text and chat prompts, stopping at the end-of-sequence token and text rewards
+    need it; a randomInit policy has none unless this is set."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Training and rollout dtype; CPU runs use float32 regardless."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.policy) != has(self.randomInit)",
+            "set exactly one of policy and randomInit",
+            ".policy",
+        ),
+    )
+
+
+class AlgorithmSpec(ApiModel):
+    """GRPO or PPO and their hyper-parameters."""
+
+    name: Literal["grpo", "ppo"] = "grpo"
+    """GRPO (group-relative advantages, no critic) or PPO (GAE over a critic's values)."""
+    group_size: int = Field(default=8, ge=1, le=1024)
+    """Responses sampled per prompt (GRPO normalises rewards within each group)."""
+    prompts_per_step: int = Field(default=32, ge=1, le=65536)
+    """Prompts per training step (rollout batch = promptsPerStep x groupSize)."""
+    micro_batch_size: int = Field(default=4, ge=1, le=4096)
+    """Sequences per forward/backward per trainer rank (gradient accumulation covers the rest)."""
+    update_epochs: int = Field(default=1, ge=1, le=64)
+    """Passes over each rollout batch."""
+    total_steps: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    """Training steps (a rollout batch and its update each); set this or epochs."""
+    epochs: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Passes over the prompt dataset; set this or totalSteps."""
+    max_prompt_length: int = Field(default=512, ge=1, le=1048576)
+    """Prompt tokens at most (after the chat template); see dataset.overlongPrompts."""
+    max_response_length: int = Field(default=512, ge=1, le=1048576)
+    """Generated tokens at most per response."""
+    stop_at_eos: bool = True
+    """End a response at the tokenizer's end-of-sequence token (kept as its last token; when the
+    job has a tokenizer). Off: responses run to maxResponseLength unless stopTokenIds stop them."""
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    """More token ids that end a response (kept as its last token)."""
+    stop_strings: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=16
+    )
+    """Text that ends a response: it ends with the token that completes the first occurrence
+    (needs a tokenizer)."""
+    temperature: float = Field(default=1.0, gt=0, le=10)
+    """Sampling temperature of the rollout; the log-probs and entropy are of the tempered
+    distribution."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling: sample from the smallest set of tokens holding this probability."""
+    clip_range: float = Field(default=0.2, gt=0, le=10)
+    """PPO ratio clipping epsilon: the new-to-old policy ratio is clipped to
+    [1 - clipRange, 1 + clipRange]."""
+    value_clip_range: float | None = Field(default=0.2, gt=0)
+    """Critic value clipping (PPO): new values stay within this distance of the old ones;
+    unset disables it."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the KL to the reference policy."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """How the KL is estimated per token: k1 (log-ratio) or k3 (the unbiased, positive one)."""
+    kl_mode: Literal["reward", "loss"] = "loss"
+    """Apply KL as a per-token reward penalty or as a loss term."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus in the policy loss."""
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """GAE discount (PPO)."""
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    """GAE lambda (PPO)."""
+    scale_rewards: bool = True
+    """GRPO: divide group-centred rewards by the group's standard deviation."""
+    policy_learning_rate: float = Field(default=1e-6, gt=0, le=1)
+    """Peak learning rate of the policy's optimizer (AdamW)."""
+    critic_learning_rate: float = Field(default=5e-6, gt=0, le=1)
+    """Peak learning rate of the critic's optimizer (PPO)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after the warm-up, over the run's optimizer steps."""
+    warmup_steps: int = Field(default=0, ge=0, le=1_000_000_000)
+    """Optimizer steps of linear warm-up from 0 to the peak learning rate."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradients are clipped to this global norm."""
+    seed: int = Field(default=0, ge=0)
+    """Seeds initialisation, the data order and sampling, so a resumed run repeats the
+    uninterrupted one."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.totalSteps) != has(self.epochs)",
+            "set exactly one of totalSteps and epochs",
+            ".totalSteps",
+        ),
+        CelRule(
+            "self.name != 'grpo' || self.groupSize >= 2",
+            "grpo needs groupSize >= 2 (advantages are relative within a group)",
+            ".groupSize",
+        ),
+        CelRule(
+            "self.microBatchSize"
+            " <= self.promptsPerStep * (self.name == 'grpo' ? self.groupSize : 1)",
+            "microBatchSize must not exceed the sequences of a step (grpo: promptsPerStep x "
+            "groupSize, ppo: promptsPerStep)",
+            ".microBatchSize",
+        ),
+        CelRule(
+            "!has(self.totalSteps) || self.warmupSteps < self.totalSteps * self.updateEpochs",
+            "warmupSteps must be fewer than the run's optimizer steps (totalSteps x updateEpochs)",
+            ".warmupSteps",
+        ),
+    )
+
+
+class DatasetSpec(ApiModel):
+    """Where prompts come from."""
+
+    source: str = Field(min_length=1, max_length=4096)
+    """A JSON-lines file, a Parquet file (`.parquet`) — a path in the image or on a volume —
+    or `synthetic:<task>`."""
+    prompt_field: str = Field(default="prompt", min_length=1)
+    """The field of each record that holds the prompt: token ids, text, or chat messages (a list
+    of {role, content} objects). Text and messages need a tokenizer (model.tokenizer)."""
+    shuffle: bool = True
+    """Serve the prompts in a new seeded order each epoch (a checkpoint keeps the position)."""
+    chat_template: bool = True
+    """Render chat-message prompts with the tokenizer's chat template and its generation prompt.
+    Off: a dataset with chat messages is refused at start."""
+    overlong_prompts: Literal["truncate", "skip"] = "truncate"
+    """A prompt longer than algorithm.maxPromptLength keeps its last maxPromptLength tokens
+    (truncate) or is left out of the dataset (skip); both are counted at start."""
+
+    cel_rules = (
+        CelRule(
+            "!self.source.startsWith('synthetic:')"
+            " || self.source.matches('^synthetic:[A-Za-z0-9_-]+$')",
+            "a synthetic source is synthetic:<task>, the task's name of [A-Za-z0-9_-]",
+            ".source",
+        ),
+    )
+
+
+class RemoteRewardSpec(ApiModel):
+    """An HTTP reward server the trainer calls, batched, with timeouts and retries."""
+
+    url: str = Field(pattern=HTTP_URL_PATTERN, max_length=2048)
+    """The endpoint; requests are POSTed to this URL as is (for example
+    `http://rm.team.svc:8000/classify`)."""
+    protocol: Literal["rlhfjob", "classify"] = "rlhfjob"
+    """`rlhfjob`: this project's JSON protocol (`{prompts, responses, metadata}` in, `{rewards}`
+    out; docs/reward-protocol.md). `classify`: the classification API of vLLM and other
+    OpenAI-compatible servers (`{model, input}` in, `{data: [{probs}]}` out) serving a
+    sequence-classification reward model; the reward is the raw logit of label 0."""
+    model: str | None = Field(default=None, min_length=1, max_length=512)
+    """The model name sent with `classify` requests (a server serving one model ignores it)."""
+    timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """Seconds one request may take."""
+    max_retries: int = Field(default=3, ge=0, le=100)
+    """Retries of a request that timed out, could not connect or got a 5xx or 429; the step
+    fails (retryably) once they are spent. A 4xx other than 429 fails the job at once."""
+    backoff_seconds: float = Field(default=1.0, ge=0, le=600)
+    """Seconds before the first retry; doubles with each retry."""
+    max_concurrency: int = Field(default=4, ge=1, le=256)
+    """Requests in flight at once."""
+    batch_size: int = Field(default=64, ge=1, le=65536)
+    """Samples (prompt and response pairs) per request."""
+
+
+class RewardSourceSpec(ApiModel):
+    """One way to score responses: a rule function, the reward-model role, or a remote server."""
+
+    type: Literal["function", "model", "remote"] = "function"
+    """`function`: a rule function; `model`: the reward-model role (roles.reward serving
+    model.reward); `remote`: an HTTP reward server."""
+    function: str | None = Field(default=None, pattern=REWARD_FUNCTION_PATTERN)
+    """A rule reward as `module:function` importable in the trainer image."""
+    remote: RemoteRewardSpec | None = None
+    """The HTTP reward server, for `type: remote`."""
+
+    cel_rules = (
+        CelRule(
+            "self.type != 'function' || has(self.__function__)",
+            "type function needs function (module:function)",
+            ".function",
+        ),
+        CelRule(
+            "self.type != 'model' || !has(self.__function__)",
+            "function must be empty when type is model",
+            ".function",
+        ),
+        CelRule(
+            "self.type != 'remote' || has(self.remote)",
+            "type remote needs remote (url)",
+            ".remote",
+        ),
+        CelRule(
+            "self.type == 'remote' || !has(self.remote)",
+            "remote must be empty unless type is remote",
+            ".remote",
+        ),
+    )
+
+
+class RewardComponentSpec(RewardSourceSpec):
+    """One weighted part of a combined reward."""
+
+    name: str | None = Field(
+        default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63
+    )
+    """Its label in metrics and the step log; defaults to its type. Labels that two components
+    share get each component's position appended."""
+    weight: float = Field(default=1.0, ge=-1000, le=1000)
+    """Its factor in the sum."""
+
+
+class RewardSpec(ApiModel):
+    """How responses are scored: one source, or (`type: combined`) a weighted sum of several."""
+
+    type: Literal["function", "model", "remote", "combined"] = "function"
+    """`function`: a rule function; `model`: the reward-model role (roles.reward serving
+    model.reward); `remote`: an HTTP reward server; `combined`: the weighted sum of
+    `components`."""
+    function: str | None = Field(default=None, pattern=REWARD_FUNCTION_PATTERN)
+    """A rule reward as `module:function` importable in the trainer image."""
+    remote: RemoteRewardSpec | None = None
+    """The HTTP reward server, for `type: remote`."""
+    components: list[RewardComponentSpec] = Field(default_factory=list, max_length=16)
+    """The parts of a `combined` reward: reward = sum of weight x score."""
+    normalize: bool = False
+    """Standardise each source's scores over the step's batch (mean 0, std 1) before weighting,
+    so weights compare sources of different scales."""
+    batch_size: int = Field(default=32, ge=1, le=65536)
+    """Samples (prompt and response pairs) per scoring call to a reward-model replica."""
+
+    cel_rules = (
+        *RewardSourceSpec.cel_rules[:3],
+        CelRule(
+            "self.type == 'remote' || !has(self.remote)",
+            "remote must be empty unless type is remote",
+            ".remote",
+        ),
+        CelRule(
+            "self.type != 'combined' || (has(self.components) && size(self.components) >= 1)",
+            "type combined needs components",
+            ".components",
+        ),
+        CelRule(
+            "self.type == 'combined' || !has(self.components) || size(self.components) == 0",
+            "components must be empty unless type is combined",
+            ".components",
+        ),
+        CelRule(
+            "self.type != 'combined' || !has(self.__function__)",
+            "function must be empty when type is combined (name it in a component)",
+            ".function",
+        ),
+    )
+
+    def sources(self) -> list[tuple[str, RewardSourceSpec, float]]:
+        """``(name, source, weight)`` for each part: the components, or the spec itself."""
+        if self.type != "combined":
+            single = RewardSourceSpec(type=self.type, function=self.function, remote=self.remote)
+            return [(self.type, single, 1.0)]
+        labels = [component.name or component.type for component in self.components]
+        named: list[tuple[str, RewardSourceSpec, float]] = []
+        for index, component in enumerate(self.components):
+            label = labels[index]
+            if labels.count(label) > 1:  # two of a type (or one name given twice): add the position
+                label = f"{label}-{index}"
+            named.append((label, component, component.weight))
+        return named
+
+    def uses_model(self) -> bool:
+        """Whether the reward-model role scores (alone or as a component)."""
+        return any(source.type == "model" for _, source, _ in self.sources())
+
+
+class ObjectStoreSpec(ApiModel):
+    """An S3-compatible bucket, the durable tier of the job's checkpoints. Training waits only
+    for the save to the checkpoint volume; the driver uploads complete checkpoints in the
+    background, the manifest last, so a partial upload is never chosen. A cluster whose volume
+    lacks the newest checkpoint (a new one, an empty volume) resumes from the bucket."""
+
+    bucket: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    """The bucket's name; it must exist. Checkpoints go under
+    `<prefix><namespace>/<job name>/step-<8 digits>/`."""
+    prefix: str = Field(default="", max_length=512, pattern=r"^([^/].*/)?$")
+    """Key prefix inside the bucket, ending in `/` (for example `team-a/`); empty: none."""
+    endpoint: str | None = Field(default=None, max_length=2048, pattern=HTTP_URL_PATTERN)
+    """The S3 API's URL (for example `https://s3.example.com`) for a store other than AWS;
+    unset: AWS's endpoint for the region. Buckets are addressed path-style at an endpoint."""
+    region: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9-]+$")
+    """The bucket's region (for example `us-east-1`); unset: the client's default."""
+    credentials_secret: ObjectName | None = None
+    """A Secret in the job's namespace with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,
+    given to the head's container only (the kubelet reads it; the operator never does). Unset:
+    the pod's ambient credentials (a workload identity, an instance profile)."""
+    interval_steps: int | None = Field(default=None, ge=1)
+    """Upload every this many steps: a multiple of checkpoint.intervalSteps, so the volume takes
+    frequent light saves and the bucket rarer ones. The last step's checkpoint and a drain's are
+    always uploaded. Unset: every checkpoint."""
+    keep_last: int | None = Field(default=None, ge=1, le=1000)
+    """Complete checkpoints the trainer keeps in the bucket; it deletes older ones of this job
+    (never anything else; the operator deletes none). Unset: checkpoint.keepLast."""
+
+
+class CheckpointSpec(ApiModel):
+    """Where and how often the trainer checkpoints; the operator never deletes checkpoints."""
+
+    path: str = Field(default="/mnt/checkpoints", pattern=r"^/", max_length=4096)
+    """Directory checkpoints are written under, mounted in every pod."""
+    volume: VolumeSource | None = None
+    """A Kubernetes volume source (for example a persistentVolumeClaim) mounted at path."""
+    interval_steps: int = Field(default=50, ge=1)
+    """Checkpoint every this many training steps (and at the last step and on SIGTERM)."""
+    keep_last: int = Field(default=3, ge=1, le=1000)
+    """Complete checkpoints the trainer keeps; older ones it removes (the operator never does)."""
+    stop_grace_period_seconds: int = Field(default=600, ge=0, le=86400)
+    """Seconds a training driver gets to finish its step and checkpoint it when the job's
+    cluster is released while it trains (suspend, preemption): the operator asks it to stop,
+    waits up to this long for it to exit, then releases the cluster anyway. 0: release at
+    once; the job then resumes from its last interval checkpoint."""
+    object_store: ObjectStoreSpec | None = None
+    """An S3-compatible bucket checkpoints are also uploaded to, so they outlive the volume."""
+
+    cel_rules = (
+        _free_mount_path("path"),
+        CelRule(
+            "!has(self.objectStore) || !has(self.objectStore.intervalSteps)"
+            " || self.objectStore.intervalSteps % self.intervalSteps == 0",
+            "objectStore.intervalSteps must be a multiple of intervalSteps",
+            ".objectStore.intervalSteps",
+        ),
+    )
+
+    @property
+    def upload_interval_steps(self) -> int | None:
+        """Steps between uploads to the bucket; None without one."""
+        store = self.object_store
+        return None if store is None else (store.interval_steps or self.interval_steps)
+
+    @property
+    def bucket_keep_last(self) -> int | None:
+        """Complete checkpoints kept in the bucket; None without one."""
+        store = self.object_store
+        return None if store is None else (store.keep_last or self.keep_last)
+
+
+class RecoverySpec(ApiModel):
+    """The recovery ladder's budget and pacing."""
+
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    """Restarts before the job is Failed (RestartsExhausted)."""
+    backoff_seconds: int = Field(default=10, ge=0)
+    """Seconds before the first restart; doubles with each restart, up to maxBackoffSeconds."""
+    max_backoff_seconds: int = Field(default=300, ge=0)
+    """Seconds at which the doubling restart delay stops growing."""
+    restart_strategy: Literal["InPlaceFirst", "RecreateCluster"] = "InPlaceFirst"
+    """InPlaceFirst climbs the ladder cheapest first; RecreateCluster always starts over."""
+    cluster_recovery_timeout_seconds: int = Field(default=600, ge=1)
+    """Seconds an unhealthy RayCluster (its head not ready, its dashboard silent) may take to
+    heal before it is recreated."""
+
+    cel_rules = (
+        CelRule(
+            "self.backoffSeconds <= self.maxBackoffSeconds",
+            "backoffSeconds must not exceed maxBackoffSeconds",
+            ".backoffSeconds",
+        ),
+    )
+
+
+class LivenessSpec(ApiModel):
+    """How the operator tells a hung or stalled trainer from a slow one."""
+
+    heartbeat_interval_seconds: int = Field(default=10, ge=1)
+    """Seconds between the trainer's renewals of its heartbeat Lease."""
+    heartbeat_timeout_seconds: int = Field(default=60, ge=1)
+    """Seconds without a heartbeat after which the trainer is hung (TrainerHung); also the
+    Lease's duration."""
+    progress_timeout_seconds: int = Field(default=1800, ge=1)
+    """Seconds of heartbeats without a new step after which the trainer is stalled
+    (TrainerStalled)."""
+
+    cel_rules = (
+        CelRule(
+            "self.heartbeatTimeoutSeconds > self.heartbeatIntervalSeconds",
+            "heartbeatTimeoutSeconds must exceed heartbeatIntervalSeconds",
+            ".heartbeatTimeoutSeconds",
+        ),
+        CelRule(
+            "self.progressTimeoutSeconds >= self.heartbeatTimeoutSeconds",
+            "progressTimeoutSeconds must be at least heartbeatTimeoutSeconds",
+            ".progressTimeoutSeconds",
+        ),
+    )
+
+
+_USES_REWARD_MODEL = (
+    "(self.reward.type == 'model' || (has(self.reward.components)"
+    " && self.reward.components.exists(c, c.type == 'model')))"
+)
+_HAS_TOKENIZER = "(!has(self.model.randomInit) || has(self.model.tokenizer))"
+"""Whether the job may have a tokenizer: a randomInit policy has one only when it is named (a
+policy directory may hold one; only the trainer can look)."""
+
+
+POD_PLACES = ("head", *(f"roles.{role}" for role in ROLE_NAMES))
+"""Where, below spec, a `pod` of overrides may be: the head and each role."""
+_MOUNT_LISTS = ("pods.volumeMounts", *(f"{place}.pod.volumeMounts" for place in POD_PLACES))
+
+
+def _present(path: str) -> str:
+    """CEL: every step of `path` below self is set."""
+    parts = path.split(".")
+    return " && ".join(f"has(self.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
+
+
+def _mounts_name_a_volume(place: str) -> CelRule:
+    mounts, own = f"{place}.pod.volumeMounts", f"{place}.pod.volumes"
+    return CelRule(
+        f"!({_present(mounts)}) || self.{mounts}.all(m,"
+        f" ({_present('pods.volumes')} && self.pods.volumes.exists(v, v.name == m.name))"
+        f" || ({_present(own)} && self.{own}.exists(v, v.name == m.name)))",
+        "every volumeMount must name a volume of this pod or of spec.pods",
+        f".{mounts}",
+    )
+
+
+def _mounts_avoid_the_checkpoint(mounts: str) -> CelRule:
+    return CelRule(
+        f"!({_present(mounts)}) || !has(self.checkpoint) || self.{mounts}.all(m,"
+        " m.mountPath != self.checkpoint.path && m.mountPath != self.checkpoint.path + '/'"
+        " && m.mountPath + '/' != self.checkpoint.path)",
+        "no volumeMount may be at checkpoint.path, where the checkpoint volume is mounted",
+        f".{mounts}",
+    )
+
+
+class RLHFJobSpec(ApiModel):
+    """What to train, where, and how to keep it alive."""
+
+    image: str = Field(min_length=1, max_length=4096, pattern=IMAGE_PATTERN)
+    """Container image with the trainer (Ray, DeepSpeed, vLLM):
+    `[registry[:port]/]path[:tag][@digest]`, the path lowercase."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Pull policy of the Ray pods' image."""
+    entrypoint: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Ray job entrypoint instead of `rlhfjob train` (custom drivers, smoke tests). The operator
+    appends `--resume-from latest` when it resumes."""
+    service_account_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN
+    )
+    """ServiceAccount of the Ray pods, if the installation allows it (its job policy); it must
+    be allowed to renew this job's heartbeat Lease. Unset: the job's own, which the operator
+    creates."""
+    pods: PodDefaults | None = None
+    """What every Ray pod gets, the head's too (a role's or the head's own `pod` adds to it):
+    environment, volumes, labels, resources; and the job's priority class, scheduler and image
+    pull secrets."""
+    model: ModelSpec
+    algorithm: AlgorithmSpec
+    dataset: DatasetSpec
+    reward: RewardSpec
+    roles: Roles
+    head: HeadSpec = Field(default_factory=HeadSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+    liveness: LivenessSpec = Field(default_factory=LivenessSpec)
+    ray_version: str = Field(default="2.60.0", pattern=r"^[0-9]+[.][0-9]+[.][0-9]+$")
+    """The Ray version of the image (KubeRay's rayVersion)."""
+    suspend: bool = False
+    """Stop training and release the cluster; checkpoints stay. Unset to resume."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Seconds the job may run from its start (status.startTime) before it fails
+    (DeadlineExceeded); unset: no deadline."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Seconds after it finished (status.completionTime) at which the RLHFJob is deleted, with
+    what it owns (checkpoints stay); unset: it stays."""
+    provisioning_timeout_seconds: int = Field(default=600, ge=1)
+    """Seconds the RayCluster may take to become ready after it was created before the job
+    fails (ProvisioningTimeout)."""
+
+    cel_rules = (
+        CelRule(
+            "self.algorithm.name != 'ppo' || has(self.roles.critic)",
+            "ppo needs roles.critic",
+            ".roles",
+        ),
+        CelRule(
+            f"!{_USES_REWARD_MODEL} || (has(self.roles.reward) && has(self.model.reward))",
+            "reward.type model needs roles.reward and model.reward",
+            ".reward",
+        ),
+        CelRule(
+            f"!{_USES_REWARD_MODEL} || {_HAS_TOKENIZER}",
+            "a reward model scores text, which needs a tokenizer: a randomInit policy has none, "
+            "set model.tokenizer",
+            ".model.tokenizer",
+        ),
+        CelRule(
+            "!has(self.algorithm.stopStrings) || size(self.algorithm.stopStrings) == 0"
+            f" || {_HAS_TOKENIZER}",
+            "algorithm.stopStrings needs a tokenizer: a randomInit policy has none, "
+            "set model.tokenizer",
+            ".algorithm.stopStrings",
+        ),
+        *(
+            immutable(field)
+            for field in ("image", "pods", "model", "algorithm", "dataset", "reward", "checkpoint")
+        ),
+        *(_mounts_name_a_volume(place) for place in POD_PLACES),
+        *(_mounts_avoid_the_checkpoint(mounts) for mounts in _MOUNT_LISTS),
+    )
+
+    def pod_places(self) -> dict[str, PodOverrides]:
+        """The pod overrides the job sets, by field path (`spec.pods`, `spec.head.pod`,
+        `spec.roles.trainer.pod`, ...): what the job policy checks."""
+        places: dict[str, PodOverrides | None] = {"spec.pods": self.pods}
+        for place in POD_PLACES:
+            owner: Any = self
+            for part in place.split("."):
+                owner = getattr(owner, part) if owner is not None else None
+            places[f"spec.{place}.pod"] = owner.pod if owner is not None else None
+        return {path: pod for path, pod in places.items() if pod is not None}
+
+    def pod_overrides(self, group: str) -> PodOverrides:
+        """What the pods of `group` (``head`` or a role) get: their own over spec.pods."""
+        owner: HeadSpec | RoleSpec | None = (
+            self.head if group == "head" else getattr(self.roles, group)
+        )
+        assert owner is not None, f"no {group} in the job"
+        return (self.pods or PodOverrides()).overlaid(owner.pod)
