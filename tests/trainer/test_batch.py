@@ -12,12 +12,12 @@ torch = pytest.importorskip("torch")
 from rlhf_trainer import algorithms as alg  # noqa: E402
 from rlhf_trainer.batch import PAD_TOKEN_ID, ShardPlan, build_batch  # noqa: E402
 from rlhf_trainer.data import PromptItem  # noqa: E402
+from rlhf_trainer.elastic import split_evenly  # noqa: E402
 from rlhf_trainer.experience import (  # noqa: E402
     flatten_completions,
     grpo_advantages,
     ppo_advantages,
 )
-from rlhf_trainer.fleet import split_evenly  # noqa: E402
 from rlhf_trainer.rollout import Completion  # noqa: E402
 from rlhf_trainer.seeds import step_seed  # noqa: E402
 from rlhf_trainer.zero import deepspeed_config, lr_multiplier  # noqa: E402

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.fleet import Chunk, assign_chunks, plan_chunks, split_evenly
+from rlhf_trainer.elastic import Chunk, assign_chunks, plan_chunks, split_evenly
 from rlhf_trainer.seeds import derive_seed
 from trainer.recorder import Recorder
 

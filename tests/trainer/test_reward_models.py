@@ -224,7 +224,7 @@ def make_fleet(ray_cluster: Any, reward_dir: Path) -> Iterator[Callable[..., tup
         fleets.append(fleet)
         fleet.start(2)
         fleet.wait_ready(300)
-        assert fleet.live == 2
+        assert len(fleet.live) == 2
         return fleet, recorder
 
     yield make
@@ -265,9 +265,9 @@ def test_a_fleet_scores_as_a_local_scorer_survives_a_lost_actor_and_admits_its_r
     assert fleet.score([], [], BATCH) == []
     assert recorder.counts[-1] == (2, 2) and recorder.saw("up")
 
-    ray_cluster.kill(fleet.actors[0].actor)
+    ray_cluster.kill(fleet.live[0].actor)
     assert fleet.score(prompts, responses, BATCH) == expected
-    assert fleet.live == 1 and recorder.counts[-1] == (1, 2)
+    assert len(fleet.live) == 1 and recorder.counts[-1] == (1, 2)
     assert recorder.saw("reward model 0 lost during scoring")
     assert fleet.score(prompts, responses, BATCH) == expected  # one actor, all chunks
 
@@ -276,10 +276,10 @@ def test_a_fleet_scores_as_a_local_scorer_survives_a_lost_actor_and_admits_its_r
 
     def admitted() -> bool:
         fleet.maintain()
-        return fleet.live == 2
+        return len(fleet.live) == 2
 
     wait_for(admitted, 120, "the replacement to be admitted")
-    assert not fleet.starting and [member.id for member in fleet.actors] == [1, 2]
+    assert not fleet.starting and [member.id for member in fleet.live] == [1, 2]
     assert recorder.saw("reward model 2 rejoined") and recorder.counts[-1] == (2, 2)
     assert fleet.score(prompts, responses, BATCH) == expected
 
@@ -292,10 +292,10 @@ def test_below_the_minimum_scoring_raises_a_capacity_error(
 
     fleet, _ = make_fleet(minimum=2)
     prompts, responses = samples(6)
-    ray_cluster.kill(fleet.actors[1].actor)
+    ray_cluster.kill(fleet.live[1].actor)
     with pytest.raises(RewardCapacityError, match="minimum 2"):
         fleet.score(prompts, responses, BATCH)
-    assert fleet.live == 1
+    assert len(fleet.live) == 1
     with pytest.raises(RewardCapacityError):
         fleet.score(prompts, responses, BATCH)
 
@@ -307,27 +307,27 @@ def test_a_replacement_that_cannot_be_placed_never_blocks_scoring(
     fleet, _ = make_fleet()
     prompts, responses = samples(8)
     expected = fleet.score(prompts, responses, BATCH)
-    ray_cluster.kill(fleet.actors[1].actor)
+    ray_cluster.kill(fleet.live[1].actor)
     blocker = blocker_class.remote()  # takes the unit the lost actor freed
     try:
         assert ray_cluster.get(blocker.ping.remote(), timeout=60)
         started = time.monotonic()
         fleet.maintain()  # nothing lost yet as far as the fleet knows
         assert fleet.score(prompts, responses, BATCH) == expected
-        assert fleet.live == 1
+        assert len(fleet.live) == 1
         fleet.maintain()  # starts a replacement, which queues for the resource
         assert len(fleet.starting) == 1
         for _ in range(3):
             fleet.maintain()
             assert fleet.score(prompts, responses, BATCH) == expected
-        assert fleet.live == 1 and len(fleet.starting) == 1
+        assert len(fleet.live) == 1 and len(fleet.starting) == 1
         assert time.monotonic() - started < 30  # each maintain waits fleet.admit_timeout_s
     finally:
         ray_cluster.kill(blocker)
 
     def admitted() -> bool:
         fleet.maintain()
-        return fleet.live == 2
+        return len(fleet.live) == 2
 
     wait_for(admitted, 120, "the replacement to be placed once the resource is free")
     assert fleet.score(prompts, responses, BATCH) == expected

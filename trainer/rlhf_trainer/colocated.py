@@ -33,9 +33,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhf_trainer.elastic import plan_chunks
 from rlhf_trainer.engines import HFEngine, ModelSource, VLLMEngine
-from rlhf_trainer.fleet import CALL_TIMEOUT_S, GENERATE_TIMEOUT_S, SyncResult, plan_chunks
-from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.rollout import (
+    CALL_TIMEOUT_S,
+    GENERATE_TIMEOUT_S,
+    Completion,
+    SamplingParams,
+    SyncResult,
+)
 from rlhf_trainer.seeds import derive_seed
 from rlhf_trainer.weight_sync import (
     NamedTensors,
@@ -219,7 +225,8 @@ def _offload(trainer: Any) -> None:
 
 
 class ColocatedRollout:
-    """The driver's handle on the policy ranks' engines, with `RolloutFleet`'s calls."""
+    """The driver's handle on the policy ranks' engines: a `rollout.Rollout` whose engines live
+    and die with their ranks (so none is ever lost alone and `maintain` has nothing to do)."""
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ rewards; PPO shapes token rewards with the KL penalty and runs GAE over the crit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from rlhf_trainer import algorithms as alg
 from rlhf_trainer.data import PromptItem
+from rlhf_trainer.registry import Registry
 from rlhf_trainer.rollout import Completion
 from rlhfjob.api import AlgorithmSpec
 
@@ -107,3 +108,61 @@ def ppo_advantages(
         token_rewards, values, mask, algorithm.gamma, algorithm.gae_lambda
     )
     return alg.masked_whiten(advantages, mask), returns
+
+
+# --------------------------------------------------------------------------------------------
+# Advantage estimators by name (`spec.algorithm.name`)
+
+
+@dataclass(frozen=True)
+class StepScores:
+    """What a step knows when it estimates advantages: per-row rewards, the response mask, the
+    policy's log-probs before the update, the reference's, and the critic's values."""
+
+    rewards: Tensor
+    mask: Tensor
+    logprobs: Tensor
+    ref_logprobs: Tensor | None = None
+    values: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An algorithm as the driver runs it: how many samples a prompt gets, whether it trains a
+    critic, and the per-row tensors its update needs beyond the old log-probs."""
+
+    samples_per_prompt: Callable[[AlgorithmSpec], int]
+    uses_critic: bool
+    estimate: Callable[[StepScores, AlgorithmSpec], dict[str, Tensor]]
+
+
+ESTIMATORS: Registry[Estimator] = Registry("spec.algorithm.name")
+
+
+def _grpo(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
+    advantages = grpo_advantages(
+        scores.rewards,
+        algorithm,
+        mask=scores.mask,
+        logprobs=scores.logprobs,
+        ref_logprobs=scores.ref_logprobs,
+    )
+    return {"advantages": advantages}
+
+
+def _ppo(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
+    if scores.values is None:
+        raise ValueError("PPO needs the critic's values")
+    advantages, returns = ppo_advantages(
+        scores.rewards,
+        scores.values,
+        scores.mask,
+        algorithm,
+        logprobs=scores.logprobs,
+        ref_logprobs=scores.ref_logprobs,
+    )
+    return {"advantages": advantages, "returns": returns, "old_values": scores.values}
+
+
+ESTIMATORS.register("grpo")(Estimator(lambda a: a.group_size, uses_critic=False, estimate=_grpo))
+ESTIMATORS.register("ppo")(Estimator(lambda a: 1, uses_critic=True, estimate=_ppo))

@@ -50,12 +50,7 @@ from rlhf_trainer.checkpoint import (
 from rlhf_trainer.context import RunContext
 from rlhf_trainer.curves import plot_reward_curve, read_step_log
 from rlhf_trainer.data import DataPosition, PromptIterator
-from rlhf_trainer.experience import (
-    Rollout,
-    flatten_completions,
-    grpo_advantages,
-    ppo_advantages,
-)
+from rlhf_trainer.experience import ESTIMATORS, Rollout, StepScores, flatten_completions
 from rlhf_trainer.heartbeat import make_heartbeat
 from rlhf_trainer.object_store import TieredCheckpoints
 from rlhf_trainer.rollout import SamplingParams
@@ -339,11 +334,12 @@ class Trainer:
         )
 
     def _generate(self, step: int) -> Rollout:
-        """This step's prompts, sampled `groupSize` times (GRPO) or once (PPO), seeded by step."""
+        """This step's prompts, each sampled as often as the algorithm asks (GRPO: `groupSize`),
+        seeded by step."""
         algorithm = self.algorithm
         items = self.data.next_batch(algorithm.prompts_per_step)  # fitted at load (startup)
         sampling = SamplingParams(
-            n=algorithm.group_size if algorithm.name == "grpo" else 1,
+            n=ESTIMATORS[algorithm.name].samples_per_prompt(algorithm),
             temperature=algorithm.temperature,
             top_p=algorithm.top_p,
             max_tokens=algorithm.max_response_length,
@@ -381,19 +377,15 @@ class Trainer:
         )
 
     def _advantages(self, rewards: Tensor, mask: Tensor, scores: Scores) -> dict[str, Tensor]:
-        """The per-row tensors the update needs, advantages included."""
+        """The per-row tensors the update needs, advantages included (the algorithm's estimator)."""
+        step_scores = StepScores(
+            rewards, mask, scores.old_logprobs, scores.ref_logprobs, scores.values
+        )
+        estimated = ESTIMATORS[self.algorithm.name].estimate(step_scores, self.algorithm)
         fields = {"old_logprobs": scores.old_logprobs}
         if scores.ref_logprobs is not None:
             fields["ref_logprobs"] = scores.ref_logprobs
-        kl_inputs = {"logprobs": scores.old_logprobs, "ref_logprobs": scores.ref_logprobs}
-        if self.algorithm.name == "grpo":
-            fields["advantages"] = grpo_advantages(rewards, self.algorithm, mask=mask, **kl_inputs)
-            return fields
-        assert scores.values is not None
-        advantages, returns = ppo_advantages(
-            rewards, scores.values, mask, self.algorithm, **kl_inputs
-        )
-        return fields | {"advantages": advantages, "returns": returns, "old_values": scores.values}
+        return fields | estimated
 
     def _update(self, batch: Batch) -> tuple[dict[str, float], dict[str, float]]:
         """Policy and critic updates, concurrently; returns their group-wide metrics."""

@@ -40,17 +40,14 @@ answer ``ping``; a replacement that cannot be placed never blocks a step.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlhf_trainer.fleet import first_line, is_actor_lost, outcomes, split_evenly
+from rlhf_trainer.elastic import ElasticPool, Member, RoleWords, plan_chunks
 
 if TYPE_CHECKING:
     from rlhfjob.api import ElasticRoleSpec, RLHFJobSpec
@@ -300,22 +297,16 @@ class RewardCapacityError(RuntimeError):
     the operator restarts from the last checkpoint once the pool has recovered)."""
 
 
-@dataclass
-class RewardActor:
-    """One reward-model actor and what the fleet knows about it."""
-
-    id: int
-    actor: Any
-    ready: Any = field(default=None, repr=False)
-    """While starting: the ``ping`` ref that resolves once the model is loaded."""
+REWARD_MODELS = RoleWords(
+    "reward model", "reward-model actors", "reward models", "reward", RewardCapacityError
+)
 
 
-class RewardModelFleet:
+class RewardModelFleet(ElasticPool[Member]):
     """The reward-model actors of a run, used as one scorer that survives losing some of them.
 
-    `start_actor(id)` starts one actor (`RewardModelLauncher.start`); `on_change(live,
-    desired)` hears about every change in the number of live actors; `log` gets one line per
-    loss, start and join.
+    `start_actor(id)` starts one actor (`RewardModelLauncher.start`); an actor is up once it
+    answers ``ping`` (its model is loaded). The rest as `ElasticPool`.
     """
 
     def __init__(
@@ -330,20 +321,18 @@ class RewardModelFleet:
         join_timeout_s: float = JOIN_TIMEOUT_S,
         admit_timeout_s: float = ADMIT_TIMEOUT_S,
     ) -> None:
-        if desired < 1 or not 0 <= minimum <= desired:
-            raise ValueError(f"need 1 <= desired and 0 <= minimum <= desired: {minimum}/{desired}")
-        self.start_actor = start_actor
-        self.desired = desired
-        self.minimum = minimum
-        self.log = log
-        self.on_change = on_change
+        super().__init__(
+            REWARD_MODELS,
+            start_actor,
+            lambda actor_id, actor: Member(actor_id, actor, actor.ping.remote()),
+            desired=desired,
+            minimum=minimum,
+            log=log,
+            on_change=on_change,
+            join_timeout_s=join_timeout_s,
+            admit_timeout_s=admit_timeout_s,
+        )
         self.score_timeout_s = score_timeout_s
-        self.join_timeout_s = join_timeout_s
-        self.admit_timeout_s = admit_timeout_s
-        self.actors: list[RewardActor] = []
-        """The live actors, by id."""
-        self.starting: list[RewardActor] = []
-        self.next_id = 0
 
     @classmethod
     def from_spec(
@@ -369,157 +358,9 @@ class RewardModelFleet:
             fleet.start(fleet.desired)
         return fleet
 
-    @property
-    def live(self) -> int:
-        """How many actors are live (admitted and not lost)."""
-        return len(self.actors)
-
-    # -- membership ---------------------------------------------------------------------------
-
-    def add(self, actor_id: int, actor: Any) -> None:
-        """Count an actor that was started (or adopted) elsewhere as starting."""
-        self.starting.append(RewardActor(actor_id, actor, ready=actor.ping.remote()))
-        self.next_id = max(self.next_id, actor_id + 1)
-
-    def start(self, count: int) -> None:
-        """Start `count` new actors (asynchronously; `wait_ready` or `maintain` admits them)."""
-        for _ in range(count):
-            actor_id = self.next_id
-            self.add(actor_id, self.start_actor(actor_id))
-
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, grace_s: float = 30.0) -> None:
-        """At startup: admit the starting actors as they come up. Waits for all of them, but
-        once the minimum (and at least one) is up, no longer than `grace_s` more, and never
-        beyond `timeout_s`; the rest join later through `maintain`. Raises
-        `RewardCapacityError` when fewer than the minimum came up."""
-        import ray
-
-        needed = max(self.minimum, 1)
-        deadline = time.monotonic() + timeout_s
-        enough_at: float | None = None
-        joined: list[int] = []
-        while self.starting:
-            refs = [member.ready for member in self.starting]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            joined += self._take_ready(ready)
-            now = time.monotonic()
-            if enough_at is None and len(self.actors) >= needed:
-                enough_at = now
-            limit = deadline if enough_at is None else min(deadline, enough_at + grace_s)
-            if not self.starting or now >= limit:
-                break
-            ray.wait([m.ready for m in self.starting], num_returns=1, timeout=limit - now)
-        self._joined(joined, "up")
-        if len(self.actors) < needed:
-            raise RewardCapacityError(
-                f"only {len(self.actors)} of {self.desired} reward-model actors came up within "
-                f"{timeout_s:.0f} s (at least {needed} needed)"
-            )
-        if self.starting:
-            ids = ", ".join(str(member.id) for member in self.starting)
-            self.log(f"reward model {ids} still starting; continuing with {self._count()}")
-
-    def maintain(self) -> None:
-        """At the start of a step: admit starting actors that answer ``ping`` within
-        `admit_timeout_s`, and start replacements for missing ones unless some are starting
-        already. Never waits longer than that for an actor that cannot be placed."""
-        import ray
-
-        if self.starting:
-            refs = [member.ready for member in self.starting]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.admit_timeout_s)
-            self._joined(self._take_ready(ready), "rejoined")
-        missing = self.desired - len(self.actors)
-        if missing > 0 and not self.starting:
-            first = self.next_id
-            self.start(missing)
-            ids = ", ".join(str(actor_id) for actor_id in range(first, self.next_id))
-            self.log(f"starting reward model {ids}; {self._count()} live")
-
-    def _take_ready(self, ready_refs: Sequence[Any]) -> list[int]:
-        """Move the starting actors whose ping resolved to the live set (dropping those that
-        died starting); returns the ids that became live."""
-        ready_set = set(ready_refs)
-        done = [member for member in self.starting if member.ready in ready_set]
-        if not done:
-            return []
-        self.starting = [member for member in self.starting if member.ready not in ready_set]
-        joined = []
-        for member, result in zip(done, outcomes([m.ready for m in done], 0), strict=True):
-            member.ready = None
-            if isinstance(result, BaseException):
-                self._kill(member)
-                self.log(f"reward model {member.id} failed to start ({first_line(result)})")
-                if not is_actor_lost(result):
-                    raise result
-                continue
-            self.actors.append(member)
-            joined.append(member.id)
-        return joined
-
-    def _joined(self, actor_ids: list[int], verb: str) -> None:
-        if not actor_ids:
-            return
-        self.actors.sort(key=lambda member: member.id)
-        self._report()
-        ids = ", ".join(str(actor_id) for actor_id in actor_ids)
-        self.log(f"reward model {ids} {verb}; {self._count()} live")
-
-    def _lose(self, members: Sequence[RewardActor], cause: BaseException) -> None:
-        """Drop actors that died; raises RewardCapacityError below the minimum."""
-        for member in members:
-            if member not in self.actors:
-                continue
-            self._kill(member)
-            self.actors.remove(member)
-            self.log(
-                f"reward model {member.id} lost during scoring ({first_line(cause)}); "
-                f"continuing with {self._count()}"
-            )
-        self._report()
-        if len(self.actors) < self.minimum:
-            raise RewardCapacityError(
-                f"{self._count()} reward-model actors left, fewer than the minimum "
-                f"{self.minimum} (roles.reward.minReplicas); last loss: {first_line(cause)}"
-            )
-
-    @staticmethod
-    def _kill(member: RewardActor) -> None:
-        import ray
-
-        with contextlib.suppress(Exception):  # already gone is what we want
-            ray.kill(member.actor, no_restart=True)
-
-    def _count(self) -> str:
-        return f"{len(self.actors)}/{self.desired}"
-
-    def _report(self) -> None:
-        if self.on_change is not None:
-            self.on_change(len(self.actors), self.desired)
-
-    def shutdown(self) -> None:
-        """Kill every actor, live or starting."""
-        for member in [*self.actors, *self.starting]:
-            self._kill(member)
-        self.actors, self.starting = [], []
-        self._report()
-
-    # -- scoring ------------------------------------------------------------------------------
-
-    def _wait_for_an_actor(self) -> None:
-        """No actor is live (a role whose minimum is 0): start some and wait for one."""
-        import ray
-
-        if not self.starting:
-            self.start(self.desired)
-        refs = [member.ready for member in self.starting]
-        ready, _ = ray.wait(refs, num_returns=1, timeout=self.join_timeout_s)
-        self._joined(self._take_ready(ready), "rejoined")
-        if not self.actors:
-            raise RewardCapacityError(
-                f"no reward-model actor is live, and none came up within "
-                f"{self.join_timeout_s:.0f} s"
-            )
+        """`ElasticPool.wait_ready`, with the reward role's default timeout."""
+        super().wait_ready(timeout_s, grace_s)
 
     def score(
         self, prompt_texts: Sequence[str], response_texts: Sequence[str], batch_size: int
@@ -550,36 +391,16 @@ class RewardModelFleet:
     def _run(self, count: int, call: Callable[[Any, int, int], Any]) -> list[float]:
         """Split `count` samples into `desired` chunks, one call each, round-robin over the
         live actors; re-run the chunks of lost actors on the survivors."""
-        if self.actors and len(self.actors) < self.minimum:
+        if self.live and len(self.live) < self.minimum:
             raise RewardCapacityError(
-                f"{self._count()} reward-model actors live, fewer than the minimum {self.minimum}"
+                f"{len(self.live)}/{self.desired} reward-model actors live, fewer than the "
+                f"minimum {self.minimum}"
             )
-        chunks = [(a, b) for a, b in split_evenly(count, self.desired) if a < b]
-        results: dict[tuple[int, int], list[float]] = {}
-        todo = chunks
-        while todo:
-            if not self.actors:
-                self._wait_for_an_actor()
-            members = list(self.actors)
-            calls = [(chunk, members[i % len(members)]) for i, chunk in enumerate(todo)]
-            refs = [call(member.actor, start, stop) for (start, stop), member in calls]
-            failed: list[tuple[int, int]] = []
-            lost: list[RewardActor] = []
-            cause: BaseException | None = None
-            for (chunk, member), result in zip(
-                calls, outcomes(refs, self.score_timeout_s), strict=True
-            ):
-                if is_actor_lost(result):
-                    failed.append(chunk)
-                    if member not in lost:
-                        lost.append(member)
-                    cause = result
-                elif isinstance(result, BaseException):
-                    raise result
-                else:
-                    results[chunk] = result
-            if lost:
-                assert cause is not None
-                self._lose(lost, cause)
-            todo = failed
-        return [score for chunk in chunks for score in results[chunk]]
+        chunks = plan_chunks(count, self.desired)
+        results = self.fan_out(
+            chunks,
+            lambda member, chunk: call(member.actor, chunk.start, chunk.stop),
+            timeout_s=self.score_timeout_s,
+            during="scoring",
+        )
+        return [score for chunk in chunks for score in results[chunk.index]]

@@ -54,3 +54,43 @@ class RolloutEngine(Protocol):
         ...
 
     def policy_version(self) -> int: ...
+
+
+GENERATE_TIMEOUT_S = 1800.0
+"""Bound on one step's generation as seen by the driver."""
+CALL_TIMEOUT_S = 900.0
+"""Bound on a whole weight sync (or a sync-group build) as seen by the driver."""
+
+
+@dataclass
+class SyncResult:
+    """One weight update reaching the engines: the policy version, how long, how many bytes."""
+
+    version: int
+    seconds: float
+    bytes: int
+
+
+class Rollout(Protocol):
+    """The driver's rollout, whichever the placement: `fleet.RolloutFleet` (engine actors on
+    their own pool) or `colocated.ColocatedRollout` (an engine inside each policy rank)."""
+
+    desired: int
+    """Engines a step's prompts are split over (chunk ``i`` is seeded from ``i``)."""
+    minimum: int
+
+    def maintain(self) -> None:
+        """At the start of a step: admit engines that came back, start missing ones."""
+        ...
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """`sampling.n` completions for each prompt, in prompt order."""
+        ...
+
+    def sync(self, version: int) -> SyncResult:
+        """Give every live engine the policy's current weights as `version`."""
+        ...
+
+    def shutdown(self) -> None: ...

@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from rlhf_trainer import topology
 from rlhf_trainer.actors import (
@@ -35,8 +35,11 @@ from rlhf_trainer.adoption import DEFAULT_ADOPT_TIMEOUT_S, kill_job_actors, spec
 from rlhf_trainer.colocated import ColocatedRollout
 from rlhf_trainer.data import PromptCounts, PromptItem, fit_prompts, load_prompts
 from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
+from rlhf_trainer.experience import ESTIMATORS
 from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.models import model_config
+from rlhf_trainer.registry import Registry
+from rlhf_trainer.remote_reward import RemoteReward
 from rlhf_trainer.rewards import (
     CombinedReward,
     Decode,
@@ -46,8 +49,9 @@ from rlhf_trainer.rewards import (
     RuleReward,
     Score,
 )
+from rlhf_trainer.rollout import Rollout
 from rlhf_trainer.tokenizer import check_stop_strings, decoder, load_tokenizer, stop_token_ids
-from rlhfjob.api import RLHFJobSpec, RoleSpec
+from rlhfjob.api import RewardSourceSpec, RLHFJobSpec, RoleSpec
 
 if TYPE_CHECKING:
     from rlhf_trainer.reward_models import RewardModelFleet
@@ -58,9 +62,6 @@ SETUP_TIMEOUT_S = 600.0
 """How long actors may take to start (a cold start builds every model)."""
 ADOPTED_ENGINE_GRACE_S = 2.0
 """After a warm restart, how long to wait for engines beyond the minimum before training."""
-
-Rollout: TypeAlias = RolloutFleet | ColocatedRollout
-"""The rollout of a run: engine actors of their own (disaggregated) or inside the policy ranks."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,6 +96,7 @@ def load_inputs(
         tokenizer = load_tokenizer(spec)
         decode = decoder(tokenizer) if tokenizer is not None else None
         check_stop_strings(spec, tokenizer)
+        ESTIMATORS[spec.algorithm.name]  # UnknownNameError: no estimator of that name
         reward = build_reward(spec, decode)
         prompts = load_prompts(
             spec.dataset.source,
@@ -127,29 +129,49 @@ def load_inputs(
     )
 
 
+RewardSourceBuilder = Callable[[str, RewardSourceSpec, RLHFJobSpec, Decode | None], Score]
+"""Builds the scorer of one reward source: (its name, the source, the spec, the decoder)."""
+REWARD_SOURCES: Registry[RewardSourceBuilder] = Registry("spec.reward.type")
+"""How each `reward.type` (and component type) scores: the API's choices, one builder each."""
+
+
+@REWARD_SOURCES.register("function")
+def _function_reward(
+    name: str, source: RewardSourceSpec, spec: RLHFJobSpec, decode: Decode | None
+) -> Score:
+    assert source.function is not None  # the API requires it
+    return RuleReward.from_spec(source.function, decode)
+
+
+@REWARD_SOURCES.register("remote")
+def _remote_reward(
+    name: str, source: RewardSourceSpec, spec: RLHFJobSpec, decode: Decode | None
+) -> Score:
+    assert source.remote is not None  # the API requires it
+    return RemoteReward.from_spec(source.remote, decode, name=name)
+
+
+@REWARD_SOURCES.register("model")
+def _model_reward(
+    name: str, source: RewardSourceSpec, spec: RLHFJobSpec, decode: Decode | None
+) -> Score:
+    if decode is None:
+        raise RewardFunctionError(
+            name,
+            "a reward model scores text, which needs a tokenizer: set "
+            "spec.model.tokenizer, or use a policy directory with one",
+        )
+    return ModelReward(decode, spec.reward.batch_size)
+
+
 def build_reward(spec: RLHFJobSpec, decode: Decode | None) -> CombinedReward:
     """The job's reward from `spec.reward`: a rule function, the reward-model role, a remote
-    server, or a weighted sum of them. RewardFunctionError when a source is unusable."""
-    parts = []
-    for name, source, weight in spec.reward.sources():
-        score: Score
-        if source.type == "function":
-            assert source.function is not None  # the API requires it
-            score = RuleReward.from_spec(source.function, decode)
-        elif source.type == "remote":
-            from rlhf_trainer.remote_reward import RemoteReward
-
-            assert source.remote is not None  # the API requires it
-            score = RemoteReward.from_spec(source.remote, decode, name=name)
-        else:
-            if decode is None:
-                raise RewardFunctionError(
-                    name,
-                    "a reward model scores text, which needs a tokenizer: set "
-                    "spec.model.tokenizer, or use a policy directory with one",
-                )
-            score = ModelReward(decode, spec.reward.batch_size)
-        parts.append(RewardPart(name, weight, score))
+    server, or a weighted sum of them. RewardFunctionError when a source is unusable,
+    UnknownNameError (a ValueError) for a type this trainer has no scorer of."""
+    parts = [
+        RewardPart(name, weight, REWARD_SOURCES[source.type](name, source, spec, decode))
+        for name, source, weight in spec.reward.sources()
+    ]
     return CombinedReward(parts, normalize=spec.reward.normalize)
 
 
@@ -198,7 +220,7 @@ def zero_roles(
     wanted = [role("trainer", roles.trainer, PolicyWorker, steps)]
     if roles.reference is not None:
         wanted.append(role("reference", roles.reference, ReferenceWorker, 0))
-    if algorithm.name == "ppo":
+    if ESTIMATORS[algorithm.name].uses_critic:
         assert roles.critic is not None  # the API requires it for PPO
         wanted.append(role("critic", roles.critic, CriticWorker, steps))
     unknown = set(overrides) - {wanted_role.role for wanted_role in wanted}

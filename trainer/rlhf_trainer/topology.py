@@ -7,6 +7,7 @@ where the operator sizes pods with them; everything here builds on it.
 
 from __future__ import annotations
 
+from rlhf_trainer.experience import ESTIMATORS
 from rlhfjob.api import RLHFJobSpec, RoleSpec, actor_slots
 
 
@@ -17,7 +18,7 @@ def role_ranks(role: RoleSpec) -> int:
 
 def rollout_rows(spec: RLHFJobSpec) -> int:
     """Sequences per training step: prompts x samples per prompt (one sample each for PPO)."""
-    samples = spec.algorithm.group_size if spec.algorithm.name == "grpo" else 1
+    samples = ESTIMATORS[spec.algorithm.name].samples_per_prompt(spec.algorithm)
     return spec.algorithm.prompts_per_step * samples
 
 

@@ -1,0 +1,64 @@
+"""Registries: every choice the API offers has one implementation, and a name without one fails
+at start-up naming the field, never falls into another choice's branch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+pytest.importorskip("torch")
+
+from rlhf_trainer.experience import ESTIMATORS
+from rlhf_trainer.registry import Registry, UnknownNameError
+from rlhf_trainer.startup import REWARD_SOURCES, NonRetryableError, build_reward, load_inputs
+from rlhfjob.api import AlgorithmSpec, RewardComponentSpec, RewardSourceSpec, RewardSpec
+from rlhfjob.config import load_job
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
+
+
+def choices(model: type, field: str) -> set[str]:
+    return set(get_args(model.model_fields[field].annotation))
+
+
+def test_every_algorithm_the_api_offers_has_an_estimator_and_no_other() -> None:
+    assert set(ESTIMATORS) == choices(AlgorithmSpec, "name")
+
+
+def test_every_reward_source_type_the_api_offers_has_a_scorer_and_no_other() -> None:
+    assert set(REWARD_SOURCES) == choices(RewardSourceSpec, "type")
+    assert choices(RewardSpec, "type") == choices(RewardSourceSpec, "type") | {"combined"}
+
+
+def test_a_name_without_an_implementation_names_the_field_and_what_is_known() -> None:
+    registry: Registry[int] = Registry("spec.thing")
+    registry.register("b")(2)
+    registry.register("a")(1)
+    assert registry["a"] == 1 and list(registry) == ["a", "b"] and "b" in registry
+    with pytest.raises(UnknownNameError, match=r"spec.thing: 'c' is not known .* knows a, b"):
+        registry["c"]
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.register("a")(3)
+
+
+def test_a_reward_type_only_the_api_knows_is_refused_not_scored_by_the_reward_model() -> None:
+    spec = load_job(EXAMPLE).spec
+    judge = RewardComponentSpec.model_construct(  # a type a newer API would allow
+        type="judge", name=None, weight=1.0, function=None, remote=None
+    )
+    unknown = RewardSpec.model_construct(
+        **{**dict(spec.reward), "type": "combined", "components": [judge]}
+    )
+    spec = spec.model_copy(update={"reward": unknown})
+    with pytest.raises(UnknownNameError, match=r"spec\.reward\.type: 'judge'"):
+        build_reward(spec, decode=None)
+
+
+def test_an_algorithm_only_the_api_knows_fails_at_start_up() -> None:
+    spec = load_job(EXAMPLE).spec
+    algorithm = AlgorithmSpec.model_construct(**{**dict(spec.algorithm), "name": "dpo"})
+    spec = spec.model_copy(update={"algorithm": algorithm})
+    with pytest.raises(NonRetryableError, match=r"spec\.algorithm\.name: 'dpo'"):
+        load_inputs(spec, check_model=False)
