@@ -356,3 +356,65 @@ def test_an_imported_copy_appears_only_once_every_hash_verifies(tmp_path: Path) 
         shard.write_bytes(bytes([shard.read_bytes()[0] ^ 1]) + shard.read_bytes()[1:])
     assert existing_steps(store) == [7]
     assert [p.name for p in store.root.iterdir()] == [store.step_dir(7).name]
+
+
+@pytest.mark.parametrize(
+    "listed",
+    ["../escape", "model/../../escape", "/etc/passwd", "model//shard", "./latest", "a\\b", "", 7],
+)
+def test_a_manifest_path_that_could_leave_its_checkpoint_is_refused(
+    tmp_path: Path, listed: object
+) -> None:
+    with pytest.raises(CheckpointError, match="manifest path"):
+        ckpt.contained_path(tmp_path, listed)
+    assert ckpt.contained_path(tmp_path, "model/shard-0.bin") == tmp_path / "model/shard-0.bin"
+
+
+def test_a_symlinked_directory_inside_the_checkpoint_does_not_lead_out(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model").symlink_to(tmp_path)
+    with pytest.raises(CheckpointError, match="leaves the checkpoint directory"):
+        ckpt.contained_path(tmp_path / "ckpt", "model/secret")
+
+
+def test_resume_refuses_a_manifest_that_lists_a_file_outside_and_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CheckpointStore(tmp_path / "volume")
+    write_checkpoint(store, 1)
+    newest = write_checkpoint(store, 2)
+    (tmp_path / "outside").write_bytes(b"not the trainer's")
+    manifest = json.loads((newest / ckpt.MANIFEST_FILE).read_text())
+    manifest["files"][0]["path"] = "../../outside"
+    (newest / ckpt.MANIFEST_FILE).write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        found = store.latest_complete()
+    assert found is not None and found.step == 1
+    assert "manifest path '../../outside'" in caplog.text
+
+
+def test_a_bucket_manifest_cannot_make_the_download_write_outside_the_volume(
+    tmp_path: Path,
+) -> None:
+    """The download writes only where `contained_path` allows, before asking the bucket."""
+    from rlhf_trainer.object_store import BucketTier, Uploaded
+
+    class RecordingClient:
+        """Stands in for boto3's client: records what it was asked to write, writes nothing."""
+
+        def __init__(self) -> None:
+            self.targets: list[str] = []
+
+        def download_file(self, bucket: str, key: str, target: str) -> None:
+            self.targets.append(target)
+            Path(target).write_bytes(b"x")
+
+    client = RecordingClient()
+    tier = BucketTier(client, "ckpts", "ns/job", keep_last=2)
+    store = CheckpointStore(tmp_path / "volume")
+    files = [{"path": path, "size": 1, "sha256": "0"} for path in ("ok", "../../../evil")]
+    manifest = {"step": 3, "files": files}
+    with pytest.raises(CheckpointError, match=r"manifest path '\.\./\.\./\.\./evil'"):
+        tier.download(Uploaded(3, manifest), store)
+    assert all(Path(t).resolve().is_relative_to(store.root.resolve()) for t in client.targets)
+    assert not (tmp_path / "evil").exists() and existing_steps(store) == []

@@ -188,6 +188,31 @@ class Checkpoint:
         return load_rng_state(self.rng_state_path)
 
 
+def plain_relative(relative: object) -> list[str]:
+    """The segments of a path a manifest lists, refusing any that could land outside its
+    checkpoint: a manifest may come from a bucket others can write to, and a path such as
+    ``../../home/ray/.bashrc`` or ``/etc/passwd`` must never be written or read. Allowed: a
+    relative POSIX path of plain names (no ``.``, ``..``, empty segment, backslash or NUL).
+    Raises :class:`CheckpointError` naming the path."""
+    if not isinstance(relative, str) or not relative:
+        raise CheckpointError(f"manifest path {relative!r} is not a non-empty string")
+    parts = relative.split("/")
+    if "\\" in relative or "\0" in relative or any(part in ("", ".", "..") for part in parts):
+        raise CheckpointError(
+            f"manifest path {relative!r} is not a plain relative path inside the checkpoint"
+        )
+    return parts
+
+
+def contained_path(directory: Path, relative: object) -> Path:
+    """`directory / relative` for a manifest's path (`plain_relative`), which must also not
+    leave `directory` through a symlink inside it."""
+    target = directory.joinpath(*plain_relative(relative))
+    if not target.resolve().is_relative_to(directory.resolve()):
+        raise CheckpointError(f"manifest path {relative!r} leaves the checkpoint directory")
+    return target
+
+
 def sha256_of_file(path: Path) -> str:
     """Hex sha256 of a file's content, read in 1 MiB chunks."""
     digest = hashlib.sha256()
@@ -261,7 +286,7 @@ def read_checkpoint(path: Path, verify_hashes: bool = True) -> Checkpoint:
         raise CheckpointError(f"{path}: manifest says step {step}")
 
     for record in files:
-        file_path = path / record.path
+        file_path = contained_path(path, record.path)
         if not file_path.is_file():
             raise CheckpointError(f"{path}: missing file {record.path}")
         size = file_path.stat().st_size

@@ -36,9 +36,12 @@ from rlhf_trainer.checkpoint import (
     MANIFEST_FILE,
     STEP_DIR_PREFIX,
     Checkpoint,
+    CheckpointError,
     CheckpointStore,
     JSONValue,
     RngState,
+    contained_path,
+    plain_relative,
 )
 from rlhfjob.api import (
     ENV_OBJECT_STORE_ACCESS_KEY_ID,
@@ -197,7 +200,12 @@ class BucketTier:
                 continue
             try:
                 listed = {str(f["path"]): int(f["size"]) for f in manifest["files"]}
+                for path in listed:
+                    plain_relative(path)
             except (KeyError, TypeError, ValueError):
+                continue
+            except CheckpointError as error:
+                logger.warning("bucket checkpoint step %d refused: %s", step, error)
                 continue
             if all(objects[step].get(path) == size for path, size in listed.items()):
                 complete.append(Uploaded(step, manifest))
@@ -212,7 +220,7 @@ class BucketTier:
         step = uploaded.step
         with store.importing(step) as directory:
             for entry in uploaded.manifest["files"]:
-                target = directory / str(entry["path"])
+                target = contained_path(directory, entry["path"])
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.client.download_file(self.bucket, self.key(step, entry["path"]), str(target))
             (directory / MANIFEST_FILE).write_text(json.dumps(uploaded.manifest))
