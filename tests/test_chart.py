@@ -312,7 +312,7 @@ def test_admission_policy_is_rendered_from_the_job_policy_values() -> None:
     assert json.loads(variables["allowedVolumeTypes"]) == ["persistentVolumeClaim", "nfs"]
     assert json.loads(variables["allowedServiceAccounts"]) == ["rlhf-trainer"]
     assert "has(object.spec.checkpoint.volume)" in variables["volume"]
-    assert "has(object.spec.serviceAccountName)" in variables["namesServiceAccount"]
+    assert "has(object.spec.serviceAccountName)" in variables["serviceAccount"]
     volume, account, own, *_pod_volumes = spec["validations"]  # pods: test_pod_overrides.py
     assert "variables.allowedVolumeTypes" in volume["expression"]
     assert "variables.allowedServiceAccounts" in account["expression"]
@@ -323,8 +323,10 @@ def test_admission_policy_is_rendered_from_the_job_policy_values() -> None:
     ]:
         assert validation["message"].startswith(field + ":")
         assert field in validation.get("messageExpression", field)
-    assert "allowed: persistentVolumeClaim, nfs" in volume["message"]
-    assert '"rlhfjob-system"' in own["expression"] and '"rlhfjob"' in own["expression"]
+    assert "variables.allowedVolumesText" in volume["messageExpression"]
+    assert variables["operatorNamespace"] == '"rlhfjob-system"'
+    assert variables["operatorServiceAccount"] == '"rlhfjob"'
+    assert "variables.operatorServiceAccount" in own["expression"]
     disabled = chart_manifests("jobPolicy.admissionPolicy.enabled=false")
     assert not of_kind(disabled, "ValidatingAdmissionPolicy")
     assert not of_kind(disabled, "ValidatingAdmissionPolicyBinding")

@@ -210,3 +210,16 @@ def test_the_decision_core_imports_only_upward_layers() -> None:
         if below:
             wrong[stem] = sorted(below)
     assert wrong == {}
+
+
+def test_the_design_module_map_names_every_module() -> None:
+    """`docs/design.md`'s "Where things live" names each module a newcomer may open."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text[text.index("## Where things live") : text.index("## Decisions taken")]
+    unnamed = {
+        str(path.relative_to(ROOT))
+        for root in PACKAGES.values()
+        for path in root.rglob("*.py")
+        if path.name != "__init__.py" and path.stem not in block
+    }
+    assert unnamed == set()

@@ -48,29 +48,3 @@ app.kubernetes.io/name: rlhfjob
 app.kubernetes.io/component: operator
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
-
-{{/*
-A CEL expression for the list `leaf` of the pod overrides at `place` in the RLHFJob `root`
-(object or oldObject), or [] where a step is missing. `place` is dotted below spec; a step
-ending in "?" is nullable, so it is also checked against null.
-*/}}
-{{- define "rlhfjob.podList" -}}
-{{- $root := index . 0 -}}
-{{- $expr := printf "%s.spec" $root -}}
-{{- $checks := list (printf "%s != null" $root) (printf "has(%s)" $expr) -}}
-{{- range splitList "." (printf "%s.%s" (index . 1) (index . 2)) -}}
-{{- $expr = printf "%s.%s" $expr (trimSuffix "?" .) -}}
-{{- $checks = append $checks (printf "has(%s)" $expr) -}}
-{{- if hasSuffix "?" . }}{{ $checks = append $checks (printf "%s != null" $expr) }}{{ end -}}
-{{- end -}}
-({{ join " && " $checks }} ? {{ $expr }} : [])
-{{- end }}
-
-{{/*
-A CEL expression: the names of the Secrets the pod overrides at `place` of `root` read into the
-environment (env valueFrom.secretKeyRef, envFrom secretRef).
-*/}}
-{{- define "rlhfjob.podSecretRefs" -}}
-{{- $root := index . 0 -}}{{- $place := index . 1 -}}
-{{ include "rlhfjob.podList" (list $root $place "env") }}.filter(e, has(e.valueFrom) && e.valueFrom != null && has(e.valueFrom.secretKeyRef) && e.valueFrom.secretKeyRef != null).map(e, e.valueFrom.secretKeyRef.name) + {{ include "rlhfjob.podList" (list $root $place "envFrom") }}.filter(e, has(e.secretRef) && e.secretRef != null).map(e, e.secretRef.name)
-{{- end }}

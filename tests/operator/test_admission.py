@@ -1,0 +1,175 @@
+"""The job policy's two forms agree: the chart's admission policy, rendered by Helm and run with
+cel-python as the API server runs it, refuses exactly the fields `JobPolicy.problems` refuses,
+on the same jobs and the same installation values."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from rlhf_local.build import cached_tool
+from rlhf_local.operator_process import OPERATOR_NAMESPACE, chart_manifests
+from rlhf_operator import admission
+from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, JobPolicy
+from rlhfjob.api import POD_PLACES
+from rlhfjob.config import parse_job
+from rlhfjob.invalid_cases import valid_job
+from rlhfjob.patches import merge_patch
+
+needs_helm = pytest.mark.skipif(
+    cached_tool("helm") is None,
+    reason="helm missing: `python -m rlhf_local.build --tools` (task unit runs it)",
+)
+OPERATOR_ACCOUNT = "rlhfjob"
+"""The chart's ServiceAccount for the release `chart_manifests` renders."""
+
+HOST = {"name": "node", "hostPath": {"path": "/var"}}
+EMPTY = {"name": "scratch", "emptyDir": {}}
+SECRET_ENV = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+CONFIG_ENV = {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+PLACES = {
+    "pods": lambda pod: {"pods": pod},
+    "head": lambda pod: {"head": {"pod": pod}},
+    "trainer": lambda pod: {"roles": {"trainer": {"pod": pod}}},
+    "rollout": lambda pod: {"roles": {"rollout": {"pod": pod}}},
+}
+JOBS: dict[str, dict[str, Any]] = {
+    "valid": {},
+    "checkpoint-host": {"checkpoint": {"volume": {"hostPath": {"path": "/data"}}}},
+    "checkpoint-pvc": {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "c"}}}},
+    "bucket-secret": {
+        "checkpoint": {"objectStore": {"bucket": "ckpts", "credentialsSecret": "s3"}}
+    },
+    "bucket-ambient": {"checkpoint": {"objectStore": {"bucket": "ckpts"}}},
+    "account-listed": {"serviceAccountName": "rlhf-trainer"},
+    "account-other": {"serviceAccountName": "admin"},
+    "account-operator": {"serviceAccountName": OPERATOR_ACCOUNT},
+    **{f"{place}-host": put({"volumes": [EMPTY, HOST]}) for place, put in PLACES.items()},
+    **{f"{place}-empty": put({"volumes": [EMPTY]}) for place, put in PLACES.items()},
+    **{f"{place}-secret-env": put({"env": [SECRET_ENV]}) for place, put in PLACES.items()},
+    "trainer-secret-ref": PLACES["trainer"]({"envFrom": [{"secretRef": {"name": "s"}}]}),
+    "head-config-env": PLACES["head"]({"env": [CONFIG_ENV]}),
+    "pods-null": {"pods": None},
+}
+INSTALLATIONS = {
+    "default": ((), JobPolicy()),
+    "no-secrets": (
+        (
+            "jobPolicy.allowedVolumeTypes={persistentVolumeClaim,nfs}",
+            "jobPolicy.allowedServiceAccounts={rlhf-trainer}",
+        ),
+        JobPolicy(
+            allowed_volume_types=("persistentVolumeClaim", "nfs"),
+            allowed_service_accounts=("rlhf-trainer",),
+        ),
+    ),
+    "host-paths": (
+        ("jobPolicy.allowedVolumeTypes={hostPath,emptyDir,secret}",),
+        JobPolicy(allowed_volume_types=("hostPath", "emptyDir", "secret")),
+    ),
+}
+
+
+def rule_field(message: str) -> str:
+    """The field a refusal names, at the grain of the admission policy's checks (which name a
+    pod's volumes, or the pod for a Secret reference, not their index)."""
+    field = message.split(":")[0]
+    field = re.sub(r"\.volumes\[\d+\]$", ".volumes", field)
+    return re.sub(r"\.(env|envFrom)\[\d+\]\..*$", "", field)
+
+
+def document(name: str, namespace: str) -> dict[str, Any]:
+    job = merge_patch(valid_job(), {"spec": JOBS[name]})
+    job["metadata"]["namespace"] = namespace
+    return job
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, dict[str, Any]]:
+    policies = {}
+    for name, (values, _) in INSTALLATIONS.items():
+        (policy,) = [
+            m for m in chart_manifests(*values) if m["kind"] == "ValidatingAdmissionPolicy"
+        ]
+        policies[name] = policy["spec"]
+    return policies
+
+
+CASES = [
+    (job, namespace)
+    for job in sorted(JOBS)
+    for namespace in ("team", *((OPERATOR_NAMESPACE,) if job.startswith("account") else ()))
+]
+"""Every job in a team's namespace; the ServiceAccount ones in the operator's as well."""
+
+
+@needs_helm
+@pytest.mark.parametrize("installation", sorted(INSTALLATIONS))
+@pytest.mark.parametrize(("job", "namespace"), CASES)
+def test_the_admission_policy_refuses_what_the_operator_refuses(
+    rendered: dict[str, dict[str, Any]], installation: str, job: str, namespace: str
+) -> None:
+    _, python_policy = INSTALLATIONS[installation]
+    python_policy = JobPolicy(
+        allowed_volume_types=python_policy.allowed_volume_types,
+        allowed_service_accounts=python_policy.allowed_service_accounts,
+        operator_namespace=OPERATOR_NAMESPACE,
+        operator_service_account=OPERATOR_ACCOUNT,
+    )
+    raw = document(job, namespace)
+    parsed = parse_job(raw)
+    expected = {rule_field(problem) for problem in python_policy.problems(parsed)}
+    for form in (raw, parsed.model_dump(mode="json", by_alias=True)):  # as sent; with defaults
+        refused = admission.evaluate(rendered[installation], form, namespace=namespace)
+        assert {rule_field(message) for message in refused} == expected
+
+
+def test_the_corpus_has_refused_and_admitted_jobs_under_every_installation() -> None:
+    """Else the agreement above would be about nothing."""
+    for name, (_, policy) in INSTALLATIONS.items():
+        verdicts = [bool(policy.problems(parse_job(document(job, "team")))) for job in JOBS]
+        assert any(verdicts) and not all(verdicts), name
+
+
+@needs_helm
+def test_an_update_that_keeps_a_refused_field_is_not_checked_again(
+    rendered: dict[str, dict[str, Any]],
+) -> None:
+    policy = rendered["no-secrets"]
+    old = document("checkpoint-host", "team")
+    assert admission.evaluate(policy, old, namespace="team")
+    relabelled = merge_patch(old, {"metadata": {"labels": {"team": "a"}}})
+    assert admission.evaluate(policy, relabelled, namespace="team", old=old) == []
+    changed = merge_patch(old, {"spec": {"serviceAccountName": "admin"}})
+    assert admission.evaluate(policy, changed, namespace="team", old=old)
+
+
+@needs_helm
+def test_messages_name_the_field_and_what_is_allowed(rendered: dict[str, dict[str, Any]]) -> None:
+    (message,) = admission.evaluate(
+        rendered["default"], document("checkpoint-host", "team"), namespace="team"
+    )
+    assert message == (
+        "spec.checkpoint.volume: volume type hostPath is not allowed "
+        f"(allowed: {', '.join(DEFAULT_VOLUME_TYPES)})"
+    )
+
+
+@needs_helm
+def test_the_admission_policy_covers_every_place_of_pod_overrides() -> None:
+    """CEL cannot walk the roles, so the policy lists the places: every one the API has."""
+    manifests = chart_manifests("jobPolicy.allowedVolumeTypes={persistentVolumeClaim}")
+    (policy,) = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicy"]
+    messages = [validation["message"] for validation in policy["spec"]["validations"]]
+    for place in ("pods", *(f"{place}.pod" for place in POD_PLACES)):
+        assert any(m.startswith(f"spec.{place}.volumes: volume type") for m in messages), place
+        assert any(m.startswith(f"spec.{place}: Secrets may not") for m in messages), place
+    defaults = chart_manifests()
+    (policy,) = [m for m in defaults if m["kind"] == "ValidatingAdmissionPolicy"]
+    assert not any("Secrets may not" in v["message"] for v in policy["spec"]["validations"])
+
+
+def test_the_chart_template_is_generated_from_the_policy() -> None:
+    assert admission.main(["check"]) == 0, "run `task crds`"
