@@ -117,7 +117,7 @@ def test_a_name_of_the_longest_allowed_length_derives_valid_names_unshortened() 
         names.config_map_name(job): "-config",
         names.trainer_service_account(job): "-trainer",
         names.heartbeat_role_name(job): "-heartbeat",
-        names.ray_auth_secret_name(job): "-ray-auth",
+        names.ray_auth_secret_name(job, None): "-ray-auth",
         names.network_policy_name(job): "-ray-head",
         names.dashboard_url(job).split("//")[1].split(".")[0]: "-head-svc",
     }
@@ -126,6 +126,8 @@ def test_a_name_of_the_longest_allowed_length_derives_valid_names_unshortened() 
         assert value == name + suffix, "a derived name was shortened"
         assert dns_label.fullmatch(value), value
         assert suffix == "" or suffix in api.DERIVED_NAME_SUFFIXES, suffix
+    secret = names.ray_auth_secret_name(job, "token")  # the stem and the token's fingerprint
+    assert dns_label.fullmatch(secret) and secret != names.ray_auth_secret_name(job, "other")
     assert api.MAX_NAME_LENGTH <= names.MAX_RAY_CLUSTER_NAME
     assert names.job_labels(job)[names.LABEL_JOB] == name  # a label value: at most 63
 

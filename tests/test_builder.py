@@ -177,7 +177,7 @@ def test_only_the_head_gets_an_api_token() -> None:
 
 def test_ray_runs_with_token_auth_from_the_jobs_secret() -> None:
     job = _job()
-    cluster = builder.build_ray_cluster(job)
+    cluster = builder.build_ray_cluster(job, ray_token="t0ken")
     secret = builder.build_ray_auth_secret(job, "t0ken")
     assert cluster["spec"]["authOptions"] == {
         "mode": "token",
@@ -185,6 +185,12 @@ def test_ray_runs_with_token_auth_from_the_jobs_secret() -> None:
     }
     assert secret["data"] == {"auth_token": "dDBrZW4="}
     assert "t0ken" not in json.dumps(cluster)
+    # Named after the token: a new key gives a new Secret, and no one without the token can
+    # make one of that name ahead of the operator.
+    assert (
+        builder.build_ray_auth_secret(job, "other")["metadata"]["name"]
+        != secret["metadata"]["name"]
+    )
 
 
 def test_the_network_policy_admits_the_jobs_pods_the_operator_to_the_dashboard_and_metrics() -> (
@@ -315,7 +321,8 @@ def test_secrets_stay_references_in_everything_the_operator_writes() -> None:
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": False}},
     }
     # The one Secret the operator writes is the job's Ray token, which it derives itself.
-    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == ["demo-ray-auth"]
+    (secret,) = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"]
+    assert secret.startswith("demo-ray-auth-")
 
 
 def test_the_head_serves_the_trainers_metrics_where_prometheus_looks() -> None:

@@ -239,7 +239,7 @@ def test_rbac_writes_secrets_and_network_policies_but_never_reads_secrets(
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     grants.setdefault((group, resource), set()).update(rule["verbs"])
-        assert grants[("", "secrets")] == {"create", "patch"}
+        assert grants[("", "secrets")] == {"create"}  # never read back, never changed
         assert grants[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch"}
 
 

@@ -279,12 +279,14 @@ def _worker_group(job: RLHFJob, role: str, spec: RoleSpec) -> dict[str, Any]:
 
 
 def build_ray_cluster(
-    job: RLHFJob, placement: dict[str, PodSetPlacement] | None = None
+    job: RLHFJob,
+    placement: dict[str, PodSetPlacement] | None = None,
+    ray_token: str | None = None,
 ) -> dict[str, Any]:
     """The `ray.io/v1` RayCluster for a job: a CPU head plus one worker group per enabled role.
 
     `placement` is what Kueue's admission adds to each group's pods (its flavors' node labels
-    and tolerations), for a queued job.
+    and tolerations), for a queued job; `ray_token` names the auth Secret (None: its stem).
     """
     cluster: dict[str, Any] = {
         "apiVersion": RAY_API_VERSION,
@@ -294,7 +296,7 @@ def build_ray_cluster(
             "rayVersion": job.spec.ray_version,
             "enableInTreeAutoscaling": False,
             # KubeRay puts the token of this Secret in every Ray container's environment.
-            "authOptions": {"mode": "token", "secretName": ray_auth_secret_name(job)},
+            "authOptions": {"mode": "token", "secretName": ray_auth_secret_name(job, ray_token)},
             "headGroupSpec": {
                 "serviceType": "ClusterIP",
                 # num-cpus 0: the head runs only the driver; actors go to their role's pool.
@@ -342,7 +344,7 @@ def build_ray_auth_secret(job: RLHFJob, token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(job, ray_auth_secret_name(job)),
+        "metadata": _metadata(job, ray_auth_secret_name(job, token)),
         "type": "Opaque",
         "data": {RAY_AUTH_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }
@@ -485,5 +487,5 @@ def build_owned_objects(
         build_network_policy(job, operator_namespace),
         build_disruption_budget(job),
         build_config_map(job),
-        build_ray_cluster(job, placement),
+        build_ray_cluster(job, placement, ray_token),
     ]

@@ -2,12 +2,13 @@
 
 Everything the reconciler touches in the API server goes through `Kube`, so the RBAC in the Helm
 chart can be read off this file: rlhfjobs (get, list, watch, patch status, delete), rayclusters
-(get, apply, delete), pods (list), configmaps / serviceaccounts / roles / rolebindings / secrets /
-networkpolicies / poddisruptionbudgets (apply), leases (get, create, patch: a drain's stop
-request), events (create, patch: the job's own Events; list: the Warnings KubeRay records on a
-RayCluster not ready), nodes (list: the cordoned ones, where trainer pods run); with Kueue:
-workloads (get, list, watch, create, patch; status: patch), resourceflavors and
-workloadpriorityclasses (get), priorityclasses (get).
+(get, create, patch, delete), pods (list), configmaps / serviceaccounts / roles / rolebindings /
+networkpolicies / poddisruptionbudgets (get, create, patch: created, or applied over the job's
+own, never adopted), secrets (create only: never read, never changed), leases (get, create,
+patch: a drain's stop request), events (create, patch: the job's own Events; list: the
+Warnings KubeRay records on a RayCluster not ready), nodes (list: the cordoned ones, where
+trainer pods run); with Kueue: workloads (get, list, watch, create, patch; status: patch),
+resourceflavors and workloadpriorityclasses (get), priorityclasses (get).
 
 The API server's refusal of an object (HTTP 400, 403, 409, 422) is `ports.ApplyRefusedError`,
 quoting only the Status message; every other error stays the client's `ApiException`.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from functools import partial
 from typing import Any, TypeVar
 
@@ -26,7 +28,14 @@ from kubernetes.client.exceptions import ApiException
 
 from rlhf_operator.names import FIELD_MANAGER
 from rlhf_operator.ports import ApplyRefusedError
-from rlhf_operator.views import PERMANENT_REFUSALS, RETRIED_REFUSALS, api_status
+from rlhf_operator.views import (
+    NOT_OWNED,
+    PERMANENT_REFUSALS,
+    RETRIED_REFUSALS,
+    api_status,
+    claim,
+    controller_of,
+)
 from rlhfjob import api
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract import kueue
@@ -44,6 +53,25 @@ def refused(error: ApiException) -> ApplyRefusedError | None:
     return ApplyRefusedError(int(error.status), reason or str(error.reason or ""), message)
 
 
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """The API server's refusals inside, as `ApplyRefusedError` (Status words only: the body
+    and headers stay out of the traceback); other errors unchanged."""
+    try:
+        yield
+    except ApiException as error:
+        if (refusal := refused(error)) is not None:
+            raise refusal from None
+        raise
+
+
+def _check_claim(manifest: dict[str, Any], existing: dict[str, Any]) -> None:
+    """Raise unless the manifest's controller (the job) controls `existing`."""
+    found = claim(existing, controller_of(manifest) or {})
+    if found is not None:  # an earlier job's object is being collected: wait, else refuse
+        raise ApplyRefusedError(409, "Conflict" if found.earlier else NOT_OWNED, found.message)
+
+
 def load_kube_config() -> client.ApiClient:
     """In-cluster service account when running in a pod, else the kubeconfig."""
     try:
@@ -55,6 +83,8 @@ def load_kube_config() -> client.ApiClient:
 
 REQUEST_TIMEOUT = (5, 30)
 """Seconds to connect and to read, for every call to the API server."""
+APPLY_ROUNDS = 3
+"""Reads and writes of one apply when the object changes between them (made, or replaced)."""
 
 
 class Kube:
@@ -124,41 +154,75 @@ class Kube:
                 return None
             raise
 
-    async def delete_ray_cluster(self, namespace: str, name: str) -> None:
+    async def delete_ray_cluster(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the RayCluster the operator saw (`uid`): never one made since, of that name."""
         await self._ignore_missing(
             self.custom.delete_namespaced_custom_object,
             ray.RAY_GROUP, ray.RAY_VERSION, namespace, ray.RAY_CLUSTERS, name,
-            propagation_policy="Foreground",
+            propagation_policy="Foreground", preconditions=client.V1Preconditions(uid=uid),
         )  # fmt: skip
 
     async def apply(self, manifest: dict[str, Any]) -> None:
-        """Server-side apply: unchanged manifests change nothing, and others' fields survive."""
+        """Create the object, or server-side apply it over one this job controls.
+
+        Never adopts: an object of that name that the job's owner reference does not control
+        is refused (reason `NOT_OWNED`). The apply carries the uid it checked as a
+        precondition, so an object deleted and made again by someone else between the read
+        and the write is refused too (409: read again, up to `APPLY_ROUNDS`)."""
         resource = await self._discover(manifest)
-        try:
-            await self._run(
-                self.dynamic.server_side_apply,
-                resource,
-                body=manifest,
-                namespace=manifest["metadata"]["namespace"],
-                field_manager=FIELD_MANAGER,
-                force_conflicts=True,
-            )
-        except ApiException as error:
-            if (refusal := refused(error)) is not None:
-                raise refusal from None  # the body and headers stay out of the traceback
-            raise
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _refusals():
+            for _ in range(APPLY_ROUNDS):
+                existing = await self._read(resource, namespace, name)
+                try:
+                    if existing is None:
+                        await self._run(resource.create, body=manifest, namespace=namespace)
+                        return
+                    _check_claim(manifest, existing)
+                    uid = existing["metadata"]["uid"]
+                    checked = {**manifest, "metadata": {**manifest["metadata"], "uid": uid}}
+                    await self._run(
+                        self.dynamic.server_side_apply,
+                        resource,
+                        body=checked,
+                        namespace=namespace,
+                        field_manager=FIELD_MANAGER,
+                        force_conflicts=True,
+                    )
+                    return
+                except dynamic.exceptions.ConflictError:
+                    continue  # made meanwhile, or replaced since the read: read it again
+        raise ApplyRefusedError(409, "Conflict", f"{name} changed under every apply; retrying")
 
     async def create_if_missing(self, manifest: dict[str, Any]) -> None:
+        """Create the object; one of that name is kept when this job controls it, and is
+        refused (reason `NOT_OWNED`) otherwise."""
         resource = await self._discover(manifest)
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        with _refusals():
+            try:
+                await self._run(resource.create, body=manifest, namespace=namespace)
+                return
+            except dynamic.exceptions.ConflictError:
+                existing = await self._read(resource, namespace, name)
+            if existing is not None:  # gone again: the next reconcile creates it
+                _check_claim(manifest, existing)
+
+    async def create_secret(self, manifest: dict[str, Any]) -> None:
+        """Create a Secret named after its content (`names.ray_auth_secret_name`); one of that
+        name is that Secret, kept unread: the operator may create Secrets, never read one."""
+        resource = await self._discover(manifest)
+        with _refusals(), contextlib.suppress(dynamic.exceptions.ConflictError):
+            await self._run(
+                resource.create, body=manifest, namespace=manifest["metadata"]["namespace"]
+            )
+
+    async def _read(self, resource: Any, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            with contextlib.suppress(dynamic.exceptions.ConflictError):  # it exists: keep it
-                await self._run(
-                    resource.create, body=manifest, namespace=manifest["metadata"]["namespace"]
-                )
-        except ApiException as error:
-            if (refusal := refused(error)) is not None:
-                raise refusal from None
-            raise
+            found = await self._run(resource.get, name=name, namespace=namespace)
+        except dynamic.exceptions.NotFoundError:
+            return None
+        return dict(found.to_dict())
 
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         """The Ray pods of one RayCluster (head and workers)."""

@@ -54,9 +54,15 @@ def heartbeat_role_name(job: RLHFJob) -> str:
     return short_name(f"{job.metadata.name}-heartbeat", 63)
 
 
-def ray_auth_secret_name(job: RLHFJob) -> str:
-    """The Secret holding the job's Ray token (KubeRay puts it in every Ray container's env)."""
-    return short_name(f"{job.metadata.name}-ray-auth", 63)
+def ray_auth_secret_name(job: RLHFJob, token: str | None) -> str:
+    """The Secret holding the job's Ray token (KubeRay puts it in every Ray container's env),
+    named after the token's fingerprint: nobody without the token can make a Secret of that
+    name ahead of the operator, so an existing one is the job's own and is never read; a new
+    key (a rotation) gives a new name. None (`rlhfjob render`, no key): the name's stem."""
+    stem = short_name(f"{job.metadata.name}-ray-auth", 63)
+    if token is None:
+        return stem
+    return short_name(f"{stem}-{hashlib.sha256(token.encode()).hexdigest()[:10]}", 63)
 
 
 def network_policy_name(job: RLHFJob) -> str:

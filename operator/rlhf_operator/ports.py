@@ -46,8 +46,9 @@ class KubePort(Protocol):
     """The API-server calls of the operator (the Helm chart's RBAC grants exactly these).
 
     Errors are the Kubernetes client's `ApiException`: the reconcile fails and the timer retries;
-    except that `apply` and `create_if_missing` raise `ApplyRefusedError` when the API server
-    refuses the object itself (4xx), which the lifecycle policy decides on.
+    except that `apply`, `create_if_missing` and `create_secret` raise `ApplyRefusedError` when
+    the API server refuses the object itself (4xx), or it is not the job's, which the lifecycle
+    policy decides on.
     """
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None: ...
@@ -58,14 +59,24 @@ class KubePort(Protocol):
 
     async def get_ray_cluster(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
-    async def delete_ray_cluster(self, namespace: str, name: str) -> None: ...
+    async def delete_ray_cluster(self, namespace: str, name: str, uid: str) -> None:
+        """Delete that RayCluster if it is still the one of this uid."""
+        ...
 
     async def apply(self, manifest: dict[str, Any]) -> None:
-        """Server-side apply; raises `ApplyRefusedError` when the object is refused."""
+        """Create, or server-side apply over an object the manifest's controller owns; raises
+        `ApplyRefusedError` when the object is refused, or is someone else's (reason
+        `views.NOT_OWNED`)."""
         ...
 
     async def create_if_missing(self, manifest: dict[str, Any]) -> None:
-        """Create unless it exists; raises `ApplyRefusedError` when the object is refused."""
+        """Create unless the manifest's controller owns one already; `ApplyRefusedError` as
+        for `apply`."""
+        ...
+
+    async def create_secret(self, manifest: dict[str, Any]) -> None:
+        """Create a Secret whose name derives from its content; an existing one is kept
+        unread. Raises `ApplyRefusedError` when the API server refuses it."""
         ...
 
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:

@@ -2,10 +2,11 @@
 
 Every RayCluster runs Ray with token auth (KubeRay's `authOptions.mode: token`), so nothing
 outside the job can submit code to its head, stop it or read its state. The token is an HMAC of
-the job's identity under the operator's key: the operator writes it into the job's Secret (which
-KubeRay puts in every Ray container's environment) and can compute it again after a restart,
-so its RBAC needs `create`/`patch` on Secrets and never `get` or `list`. Deleting and recreating
-a job gives a new uid, hence a new token.
+the job's identity under the operator's key: the operator creates the job's Secret (which
+KubeRay puts in every Ray container's environment), named after the token's fingerprint, and can
+compute both again after a restart, so its RBAC needs only `create` on Secrets: never `get`,
+`list` or `patch` (whose answer would carry a Secret's data). Deleting and recreating a job
+gives a new uid, hence a new token; a new key gives new tokens and new Secret names.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_operator import builder, names, queueing
+from rlhf_operator.builder import owner_reference
 from rlhf_operator.lifecycle import (
     CLUSTER_READY,
     ApplyCluster,
@@ -51,11 +52,13 @@ from rlhf_operator.ports import (
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.texts import EVENT_MESSAGE_LIMIT, trim
 from rlhf_operator.views import (
+    NOT_OWNED,
     ApplyRefusal,
     ClusterView,
     Observed,
     RayJobView,
     apply_refusal,
+    claim,
     cluster_view,
     cluster_warning,
     error_text,
@@ -69,6 +72,7 @@ from rlhfjob import contract
 from rlhfjob.api import Phase, RestartRecord, RLHFJob, RLHFJobStatus
 from rlhfjob.config import InvalidJobError, parse_job
 from rlhfjob.contract import FailureReason, PodEnv, kueue
+from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract.lease import format_time
 
 log = logging.getLogger("rlhf_operator")
@@ -81,6 +85,9 @@ CORDONED_NODES_TTL_SECONDS = 5.0
 """The cordoned nodes are listed once per this many seconds for all jobs (one cheap list: a
 drain's checkpoint takes far longer than that)."""
 """The API server rejects longer Event messages."""
+CREATED_ONCE = frozenset({"Lease", kueue.WORKLOAD_KIND})
+"""Kinds the operator creates and then leaves to others: the trainer renews the Lease, Kueue
+forbids changing a Workload's pod sets."""
 MAX_DECISIONS = 3
 """Decisions per reconcile: the first, and one per action that failed in a known way (each
 decision knows the failures before it, so the policy never plans the same failed action)."""
@@ -207,6 +214,12 @@ class Reconciler:
         status = job.status or RLHFJobStatus()
         name = names.ray_cluster_name(job)
         cluster_body = await self.kube.get_ray_cluster(namespace, name)
+        foreign = None
+        if cluster_body is not None and (found := claim(cluster_body, owner_reference(job))):
+            # Not this job's cluster: never read through, submitted to, or deleted.
+            reason = "Conflict" if found.earlier else NOT_OWNED
+            foreign = ApplyRefusal(ray.RAY_CLUSTER_KIND, name, 409, reason, found.message)
+            cluster_body = None
         ray_job = previous_ray_job = dashboard_error = problem = not_starting = warning = None
         lease = None
         pods: list[Any] | None = None  # None: not read this time (its views are unknown)
@@ -214,7 +227,7 @@ class Reconciler:
         shell = cluster_view(job, cluster_body, [], now)
         queued = queueing.queue_name(job) is not None
         workload_body = None
-        if shell is None and queued:
+        if shell is None and queued and foreign is None:
             # Kueue's quota goes back only once no pod is left (a deleted cluster's pods linger).
             pods, workload_body = await asyncio.gather(
                 self.kube.cluster_pods(namespace, name),
@@ -262,6 +275,7 @@ class Reconciler:
             drained_nodes=drained,
             workload=queueing.workload_view(workload_body),
             pods_left=len(pods or []) if shell is None else 0,
+            apply_error=foreign,
         )
 
     async def _cordoned_nodes(self) -> frozenset[str]:
@@ -355,9 +369,11 @@ class Reconciler:
                 case FinishWorkload(succeeded=ok, message=message) if workload := seen.workload:
                     patch = queueing.finish_patch(workload, ok, message, seen.now)
                     await self.kube.patch_workload(namespace, workload.name, patch, status=True)
-                case DeleteCluster(reason=reason):
+                case DeleteCluster(reason=reason) if seen.cluster and seen.cluster.uid:
                     log.info("%s/%s: deleting RayCluster (%s)", namespace, name, reason)
-                    await self.kube.delete_ray_cluster(namespace, names.ray_cluster_name(job))
+                    await self.kube.delete_ray_cluster(
+                        namespace, seen.cluster.name, seen.cluster.uid
+                    )
                 case SubmitRayJob():
                     assert dashboard is not None
                     if (error := await self._submit(job, dashboard, action)) is not None:
@@ -421,7 +437,7 @@ class Reconciler:
             if found is None:
                 return ApplyRefusal(kind, name, 404, "NotFound", f"{kind} {name!r} does not exist")
             priority = int(found.get("value", 0))
-        return await self._apply_one(job, builder.build_workload(job, priority), create_only=True)
+        return await self._apply_one(job, builder.build_workload(job, priority))
 
     async def _apply(
         self, job: RLHFJob, placement: dict[str, queueing.PodSetPlacement] | None = None
@@ -442,18 +458,20 @@ class Reconciler:
             *([m for m in owned if m["kind"] == kind] for kind in later),
         ]
         for stage in stages:
-            refusals = await asyncio.gather(
-                *(self._apply_one(job, m, create_only=m is lease) for m in stage)
-            )
+            refusals = await asyncio.gather(*(self._apply_one(job, m) for m in stage))
             if (refusal := next((r for r in refusals if r is not None), None)) is not None:
                 return refusal
         return None
 
-    async def _apply_one(
-        self, job: RLHFJob, manifest: dict[str, Any], *, create_only: bool = False
-    ) -> ApplyRefusal | None:
+    async def _apply_one(self, job: RLHFJob, manifest: dict[str, Any]) -> ApplyRefusal | None:
+        """Apply one object as its kind needs: the Secret is only ever created (never read), the
+        Lease and the Workload are created once (the trainer and Kueue write them after),
+        everything else is applied over the job's own."""
+        kind = manifest["kind"]
         try:
-            if create_only:
+            if kind == "Secret":
+                await self.kube.create_secret(manifest)
+            elif kind in CREATED_ONCE:
                 await self.kube.create_if_missing(manifest)
             else:
                 await self.kube.apply(manifest)

@@ -30,6 +30,9 @@ PERMANENT_REFUSALS = frozenset({400, 422})
 """HTTP codes of an apply the same manifest would get again (BadRequest, Invalid)."""
 RETRIED_REFUSALS = frozenset({403, 409})
 """HTTP codes of an apply that may pass later (RBAC granted, quota freed, a conflict gone)."""
+NOT_OWNED = "NotOwned"
+"""The refusal's reason when an object of the job's name exists and the job does not control
+it: the operator never adopts one (its roles, its cloud identity, its data), so the job fails."""
 
 POD_CREATION_EVENTS = frozenset({"FailedToCreateHeadPod", "FailedToCreateWorkerPod"})
 """KubeRay's Warning reasons when the API server refused a pod it tried to create."""
@@ -60,6 +63,8 @@ class ClusterView:
     created: datetime
     ready: bool
     """KubeRay's `status.state == ready`: all pods were running and ready once (it stays so)."""
+    uid: str | None = None
+    """The RayCluster's uid: the operator deletes only the cluster it saw (a precondition)."""
     pods_read: bool = True
     """Whether the pods were read for this view: when not, `roles` is empty (unknown)."""
     deleting: bool = False
@@ -156,13 +161,65 @@ class ApplyRefusal:
 
     @property
     def permanent(self) -> bool:
-        """The same manifest would be refused again: retrying cannot help."""
-        return self.code in PERMANENT_REFUSALS
+        """The same manifest would be refused again, or the object is someone else's:
+        retrying cannot help."""
+        return self.code in PERMANENT_REFUSALS or self.reason == NOT_OWNED
 
     @property
     def text(self) -> str:
+        if self.reason == NOT_OWNED:
+            return f"the operator will not use the {self.kind} {self.name}: {self.message}"
         code = f"{self.code} {self.reason}".strip()
         return f"the API server refused the {self.kind} {self.name} ({code}): {self.message}"
+
+
+def controller_of(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The owner reference marked `controller` of an object, if any."""
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    owners = (metadata or {}).get("ownerReferences")
+    for owner in owners if isinstance(owners, list) else []:
+        if isinstance(owner, dict) and owner.get("controller") is True:
+            return owner
+    return None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Whose an existing object of a job's name is, when not the job's: `earlier` when its
+    controller is an RLHFJob of the same name that is gone (Kubernetes is collecting it: wait),
+    else someone else's (never adopted)."""
+
+    earlier: bool
+    message: str
+
+
+def claim(body: dict[str, Any], owner: dict[str, Any]) -> Claim | None:
+    """None when `owner` (the job's owner reference) controls the object `body`; else whose
+    it is, in words that name it."""
+    held = controller_of(body)
+    if held is not None and owner.get("uid") and held.get("uid") == owner.get("uid"):
+        return None
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    where = f"{(metadata or {}).get('namespace', '')}/{(metadata or {}).get('name', '?')}"
+    kind = str(body.get("kind") or "object")
+    if held is not None and all(held.get(k) == owner.get(k) for k in ("kind", "name")):
+        group = str(held.get("apiVersion", "")).split("/")[0]
+        if group == str(owner.get("apiVersion", "")).split("/")[0]:
+            return Claim(
+                True,
+                f"{kind} {where} belongs to an earlier {held['kind']} of this name "
+                f"(uid {held.get('uid')}), which Kubernetes is deleting",
+            )
+    holder = (
+        f"it is controlled by {held.get('kind')} {held.get('name')} (uid {held.get('uid')})"
+        if held is not None
+        else "it has no controller"
+    )
+    return Claim(
+        False,
+        f"{kind} {where} exists and is not this job's ({holder}); the operator never adopts "
+        "an object: remove it, or give the job another name",
+    )
 
 
 @dataclass(frozen=True)
@@ -525,6 +582,7 @@ def cluster_view(
         name=str(metadata.get("name") or names.ray_cluster_name(job)),
         created=_time(metadata.get("creationTimestamp")) or now,
         ready=(status or {}).get("state") == ray.STATE_READY,
+        uid=metadata.get("uid") if isinstance(metadata.get("uid"), str) else None,
         deleting=bool(metadata.get("deletionTimestamp")),
         dashboard=(dashboard if isinstance(dashboard, str) else None) or names.dashboard_url(job),
         head_not_ready_since=head_not_ready_since(body, now),

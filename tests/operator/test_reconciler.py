@@ -30,7 +30,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from rlhf_operator import names
+from rlhf_operator import builder, names
 from rlhf_operator.kube import Kube
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
@@ -38,7 +38,7 @@ from rlhf_operator.policy import JobPolicy
 from rlhf_operator.ports import ApplyRefusedError, Dashboard, DashboardUnavailableError
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.reconciler import Reconciler
-from rlhf_operator.views import RayJobView
+from rlhf_operator.views import NOT_OWNED, RayJobView, claim, controller_of
 from rlhfjob import contract
 from rlhfjob.config import parse_job
 from rlhfjob.contract import LeaseReport, kueue
@@ -79,6 +79,11 @@ class FakeKube:
         """Kueue Workloads by name, as created and patched."""
         self.cluster_objects: dict[tuple[str, str], dict[str, Any]] = {}
         """(plural, name) → a cluster-scoped object (ResourceFlavor, priority classes)."""
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        """(kind, name) → every object applied or created (whose owner references count)."""
+        self.secrets: dict[str, dict[str, Any]] = {}
+        """Secrets by name, as created (the operator never reads one back)."""
+        self.created = 0
 
     def _call(self, method: str) -> None:
         self.calls[method] = self.calls.get(method, 0) + 1
@@ -105,29 +110,54 @@ class FakeKube:
         self._call("get_ray_cluster")
         return self.clusters.get(name)
 
-    async def delete_ray_cluster(self, namespace: str, name: str) -> None:
+    async def delete_ray_cluster(self, namespace: str, name: str, uid: str) -> None:
         self._call("delete_ray_cluster")
+        if self.clusters.get(name, {}).get("metadata", {}).get("uid") != uid:
+            return  # the uid precondition: another cluster of that name stays
         self.clusters.pop(name, None)
+        self.objects.pop((ray.RAY_CLUSTER_KIND, name), None)
         self.deleted.append(f"RayCluster/{name}")
+
+    def _claimed(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """The existing object of the manifest's kind and name; ApplyRefusedError when the
+        manifest's controller does not control it (the port's contract: never adopt)."""
+        if manifest["kind"] in self.refusing:
+            raise self.refusing[manifest["kind"]]
+        key = (manifest["kind"], manifest["metadata"]["name"])
+        existing = self.objects.get(key)
+        if existing is not None and (found := claim(existing, controller_of(manifest) or {})):
+            raise ApplyRefusedError(409, "Conflict" if found.earlier else NOT_OWNED, found.message)
+        return existing
+
+    def _store(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.created += 1
+        stored = {**manifest, "metadata": {**manifest["metadata"], "uid": f"uid-{self.created}"}}
+        self.objects[(manifest["kind"], manifest["metadata"]["name"])] = stored
+        return stored
 
     async def apply(self, manifest: dict[str, Any]) -> None:
         self._call("apply")
-        if manifest["kind"] in self.refusing:
-            raise self.refusing[manifest["kind"]]
+        existing = self._claimed(manifest)
         self.applied.append(manifest)
+        stored = existing or self._store(manifest)
         if manifest["kind"] == ray.RAY_CLUSTER_KIND:
             name = manifest["metadata"]["name"]
-            existing = self.clusters.get(name, {})
+            current = self.clusters.get(name, {})
             self.clusters[name] = {
                 **manifest,
-                "metadata": {**manifest["metadata"], "creationTimestamp": T0.isoformat()},
-                "status": existing.get("status", {}),
+                "metadata": {
+                    **manifest["metadata"],
+                    "creationTimestamp": T0.isoformat(),
+                    "uid": stored["metadata"]["uid"],
+                },
+                "status": current.get("status", {}),
             }
 
     async def create_if_missing(self, manifest: dict[str, Any]) -> None:
         self._call("create_if_missing")
-        if manifest["kind"] in self.refusing:
-            raise self.refusing[manifest["kind"]]
+        if self._claimed(manifest) is not None:
+            return
+        self._store(manifest)
         if manifest["kind"] == "Lease":
             name = manifest["metadata"]["name"]
             self.leases.setdefault(name, V1Lease(metadata=V1ObjectMeta(name=name)))
@@ -135,6 +165,12 @@ class FakeKube:
             name = manifest["metadata"]["name"]
             created = {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": "1"}}
             self.workloads.setdefault(name, created)
+
+    async def create_secret(self, manifest: dict[str, Any]) -> None:
+        self._call("create_secret")
+        if manifest["kind"] in self.refusing:
+            raise self.refusing[manifest["kind"]]
+        self.secrets.setdefault(manifest["metadata"]["name"], manifest)
 
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         self._call("cluster_pods")
@@ -318,7 +354,7 @@ def test_every_dashboard_call_carries_the_token_of_the_jobs_secret() -> None:
     world = World()
     world.running()
     job = parse_job(world.kube.jobs[NAME])
-    secret = next(m for m in world.kube.applied if m["kind"] == "Secret")
+    secret = next(iter(world.kube.secrets.values()))
     token = base64.b64decode(secret["data"]["auth_token"]).decode()
     assert token == RAY_AUTH.token(job) and len(token) == 64
     assert world.ray.tokens == {token}
@@ -384,14 +420,18 @@ def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:
     assert kinds == [
         "ServiceAccount",
         "Role",
-        "Secret",
         "NetworkPolicy",
         "PodDisruptionBudget",
         "ConfigMap",
         "RoleBinding",  # after the Role it binds
         "RayCluster",  # after everything its pods need
     ]
-    assert names.heartbeat_lease_name(parse_job(world.kube.jobs[NAME])) in world.kube.leases
+    job = parse_job(world.kube.jobs[NAME])
+    (secret,) = world.kube.secrets  # created, never applied (the operator cannot read it back)
+    assert secret == names.ray_auth_secret_name(job, world.reconciler.ray_auth.token(job))
+    cluster = world.kube.clusters[NAME]
+    assert cluster["spec"]["authOptions"]["secretName"] == secret
+    assert names.heartbeat_lease_name(job) in world.kube.leases
     assert world.status["phase"] == "Provisioning"
     assert world.reasons() == ["Provisioning"]
     assert world.sample("rlhf_operator_reconciles_total", result="ok") == 1
@@ -662,7 +702,7 @@ def test_a_forbidden_object_is_shown_retried_and_created_once_allowed() -> None:
     assert due is not None and due <= 5  # soon again, not only at the timer's pace
     # What the pods need is applied at once; the RoleBinding and the RayCluster only once all
     # of it was taken.
-    others = ["ServiceAccount", "Secret", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
+    others = ["ServiceAccount", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
     assert [m["kind"] for m in world.kube.applied] == others
     world.reconcile(3)
     assert [m["kind"] for m in world.kube.applied] == others * 2  # tried again
@@ -672,6 +712,64 @@ def test_a_forbidden_object_is_shown_retried_and_created_once_allowed() -> None:
     assert world.status["message"] == "creating the RayCluster"
     assert world.condition("ClusterReady")["reason"] == "Creating"
     assert world.sample("rlhf_operator_reconciles_total", result="error") is None
+
+
+@pytest.mark.parametrize("kind", ["ServiceAccount", "ConfigMap", "RoleBinding", "Lease"])
+def test_an_object_of_the_jobs_name_that_is_someone_elses_fails_the_job_naming_it(
+    kind: str,
+) -> None:
+    world = World()
+    job = parse_job(world.kube.jobs[NAME])
+    squat = next(
+        m
+        for m in [*builder.build_owned_objects(job, "t", None), builder.build_heartbeat_lease(job)]
+        if m["kind"] == kind
+    )
+    squatter = {**squat, "metadata": {**squat["metadata"], "ownerReferences": []}}
+    world.kube.objects[(kind, squat["metadata"]["name"])] = squatter
+    world.reconcile(0)
+    assert world.status["phase"] == "Failed"
+    assert (
+        f"{kind} ns/{squat['metadata']['name']} exists and is not this job's"
+        in (world.status["message"])
+    )
+    assert world.kube.objects[(kind, squat["metadata"]["name"])] is squatter  # untouched
+    assert "RayCluster" not in [m["kind"] for m in world.kube.applied]
+    world.reconcile(60)
+    assert world.status["phase"] == "Failed"  # no retry loop
+
+
+def test_a_raycluster_of_the_jobs_name_that_is_someone_elses_is_never_used_or_deleted() -> None:
+    world = World()
+    foreign = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+               "metadata": {"name": NAME, "namespace": "ns", "uid": "theirs"},
+               "spec": {"workerGroupSpecs": []}, "status": {"state": ray.STATE_READY}}  # fmt: skip
+    world.kube.clusters[NAME] = foreign
+    world.kube.objects[(ray.RAY_CLUSTER_KIND, NAME)] = foreign
+    world.reconcile(0)
+    assert world.status["phase"] == "Failed"
+    assert f"RayCluster ns/{NAME} exists and is not this job's" in world.status["message"]
+    assert world.kube.calls.get("cluster_pods") is None  # not read through either
+    world.reconcile(5)
+    assert world.kube.clusters[NAME] is foreign
+    assert f"RayCluster/{NAME}" not in world.kube.deleted
+    assert world.ray.submitted == [] and world.ray.tokens == set()  # nothing sent to it
+
+
+def test_a_raycluster_of_an_earlier_job_of_the_same_name_is_waited_out() -> None:
+    world = World()
+    owner = {"apiVersion": "rlhf.dev/v1alpha1", "kind": "RLHFJob", "name": NAME,
+             "uid": "earlier", "controller": True}  # fmt: skip
+    leftover = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                "metadata": {"name": NAME, "namespace": "ns", "uid": "old",
+                             "ownerReferences": [owner]}, "spec": {}}  # fmt: skip
+    world.kube.clusters[NAME] = leftover
+    world.reconcile(0)
+    assert world.status["phase"] == "Provisioning"
+    assert "earlier RLHFJob of this name" in world.status["message"]
+    del world.kube.clusters[NAME]  # the garbage collector caught up
+    world.reconcile(10)
+    assert world.kube.clusters[NAME]["metadata"]["ownerReferences"][0]["uid"] != "earlier"
 
 
 def test_a_forbidden_object_fails_the_job_like_a_cluster_that_never_became_ready() -> None:
@@ -770,9 +868,28 @@ def test_a_garbled_raycluster_and_events_do_not_crash_the_reconciler() -> None:
 # -- the real port: which errors are the API server refusing the object -----------------------
 
 
+class _Stored:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.body
+
+
 class _Resource:
-    def __init__(self, fail: Exception | None) -> None:
+    """One kind in the API server: `existing` is the object of the manifest's name, if any."""
+
+    def __init__(self, fail: Exception | None, existing: list[dict[str, Any]] | None = None):
         self.fail = fail
+        self.existing = list(existing or [])
+        """What each read finds, in turn (the last one stays)."""
+        self.reads = 0
+
+    def get(self, **_: Any) -> _Stored:
+        self.reads += 1
+        if not self.existing:
+            raise dynamic.exceptions.NotFoundError(ApiException(status=404, reason="NotFound"))
+        return _Stored(self.existing[min(self.reads, len(self.existing)) - 1])
 
     def create(self, **_: Any) -> None:
         if self.fail is not None:
@@ -782,17 +899,26 @@ class _Resource:
 class _Dynamic:
     """The slice of `kubernetes.dynamic.DynamicClient` that `Kube.apply` uses."""
 
-    def __init__(self, fail: Exception | None) -> None:
+    def __init__(
+        self, fail: Exception | None, existing: list[dict[str, Any]] | None = None
+    ) -> None:
         self.fail = fail
         self.resources = self
-        self.resource = _Resource(fail)
+        self.resource = _Resource(fail, existing)
+        self.applied: list[dict[str, Any]] = []
+        self.conflicts = 0
+        """How many server-side applies answer 409 first (the uid precondition failed)."""
 
     def get(self, **_: Any) -> _Resource:
         return self.resource
 
-    def server_side_apply(self, resource: Any, **_: Any) -> None:
+    def server_side_apply(self, resource: Any, body: dict[str, Any], **_: Any) -> None:
         if self.fail is not None:
             raise self.fail
+        if self.conflicts > 0:
+            self.conflicts -= 1
+            raise _api_error(409, reason="Conflict", message="Precondition failed: UID")
+        self.applied.append(body)
 
 
 def _api_error(code: int, **status: Any) -> dynamic.exceptions.DynamicApiError:
@@ -802,9 +928,9 @@ def _api_error(code: int, **status: Any) -> dynamic.exceptions.DynamicApiError:
     return dynamic.exceptions.api_exception(raw)
 
 
-def _kube(fail: Exception | None = None) -> Kube:
+def _kube(fail: Exception | None = None, existing: list[dict[str, Any]] | None = None) -> Kube:
     kube = Kube(client.ApiClient())
-    kube._dynamic = _Dynamic(fail)  # type: ignore[assignment]
+    kube._dynamic = _Dynamic(fail, existing)  # type: ignore[assignment]
     return kube
 
 
@@ -814,7 +940,7 @@ MANIFEST = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
 
 @pytest.mark.parametrize(
     ("method", "code"),
-    [("apply", 400), ("apply", 403), ("apply", 409), ("apply", 422),
+    [("apply", 400), ("apply", 403), ("apply", 422),
      ("create_if_missing", 400), ("create_if_missing", 403), ("create_if_missing", 422)],
 )  # fmt: skip
 def test_the_kube_port_reports_a_refused_object_with_the_status_words_only(
@@ -838,8 +964,70 @@ def test_other_api_errors_stay_errors_for_the_timer(code: int) -> None:
     assert not isinstance(raised.value, ApplyRefusedError) and raised.value.status == code
 
 
-def test_an_existing_lease_is_kept() -> None:  # create's 409: it is there already
-    asyncio.run(_kube(_api_error(409, reason="AlreadyExists")).create_if_missing(MANIFEST))
+OWNER = {"apiVersion": "rlhf.dev/v1alpha1", "kind": "RLHFJob", "name": "job", "uid": "u-1",
+         "controller": True}  # fmt: skip
+OWNED = {**MANIFEST, "metadata": {**MANIFEST["metadata"], "ownerReferences": [OWNER]}}
+
+
+def _existing(uid: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    metadata = {"name": "job", "namespace": "ns", "uid": uid}
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    return {"kind": "RayCluster", "metadata": metadata}
+
+
+def test_an_existing_lease_of_the_job_is_kept() -> None:  # create's 409: it is there already
+    kube = _kube(_api_error(409, reason="AlreadyExists"), [_existing("x", OWNER)])
+    asyncio.run(kube.create_if_missing(OWNED))
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [None, {**OWNER, "uid": "u-2", "name": "other"}, {**OWNER, "controller": False}],
+    ids=["no owner", "another job", "not the controller"],
+)
+@pytest.mark.parametrize("method", ["apply", "create_if_missing"])
+def test_the_kube_port_never_adopts_an_object_of_the_jobs_name(
+    method: str, owner: dict[str, Any] | None
+) -> None:
+    kube = _kube(_api_error(409, reason="AlreadyExists"), [_existing("squat", owner)])
+    with pytest.raises(ApplyRefusedError) as refused:
+        asyncio.run(getattr(kube, method)(OWNED))
+    assert refused.value.reason == NOT_OWNED
+    assert "RayCluster ns/job exists and is not this job's" in refused.value.message
+    assert kube.dynamic.applied == []  # type: ignore[attr-defined]
+
+
+def test_an_object_of_an_earlier_job_of_the_same_name_is_waited_for() -> None:
+    earlier = {**OWNER, "uid": "u-0"}  # deleted and applied again: GC has not caught up yet
+    kube = _kube(None, [_existing("old", earlier)])
+    with pytest.raises(ApplyRefusedError) as refused:
+        asyncio.run(kube.apply(OWNED))
+    assert (refused.value.code, refused.value.reason) == (409, "Conflict")  # retried, not Failed
+    assert "earlier RLHFJob of this name (uid u-0)" in refused.value.message
+
+
+def test_the_jobs_own_object_is_applied_with_its_uid_as_a_precondition() -> None:
+    kube = _kube(None, [_existing("mine", OWNER)])
+    asyncio.run(kube.apply(OWNED))
+    (applied,) = kube.dynamic.applied  # type: ignore[attr-defined]
+    assert applied["metadata"]["uid"] == "mine"
+
+
+def test_an_object_replaced_between_read_and_apply_is_read_again_and_refused() -> None:
+    # Read: the job's own; then someone deletes it and makes their own before the apply lands.
+    kube = _kube(None, [_existing("mine", OWNER), _existing("theirs", None)])
+    kube.dynamic.conflicts = 1  # type: ignore[attr-defined]  # the uid precondition fails
+    with pytest.raises(ApplyRefusedError) as refused:
+        asyncio.run(kube.apply(OWNED))
+    assert refused.value.reason == NOT_OWNED
+    assert kube.dynamic.applied == []  # type: ignore[attr-defined]
+
+
+def test_the_auth_secret_is_only_created_and_an_existing_one_kept_unread() -> None:
+    kube = _kube(_api_error(409, reason="AlreadyExists"))
+    asyncio.run(kube.create_secret({**OWNED, "kind": "Secret"}))
+    assert kube.dynamic.resource.reads == 0  # type: ignore[attr-defined]
 
 
 class _Core:
@@ -972,7 +1160,6 @@ def test_a_new_job_applies_its_objects_in_stages_each_at_once() -> None:
     assert order[-3:] == ["ServiceAccount", "RoleBinding", "RayCluster"]
     assert set(order[:-3]) == {
         "Role",
-        "Secret",
         "NetworkPolicy",
         "PodDisruptionBudget",
         "ConfigMap",
@@ -1017,7 +1204,7 @@ def test_a_cluster_not_ready_yet_is_read_with_its_pods_and_warnings_not_the_leas
                                 "cluster_events": 1}  # fmt: skip
     del world.kube.clusters[NAME]  # none (yet, or any more): nothing else to read
     assert _reads(world, 2) == {"get_job": 1, "get_ray_cluster": 1}
-    assert world.kube.calls["apply"] == 8
+    assert world.kube.calls["apply"] == 7
 
 
 # -- node drains --------------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""Attacks on the operator's power, each an attempt that must fail against the real API server
+and the operator running with the chart's RBAC (issue 24).
+
+Every test carries `attack(what, blocked_by)`: `benchmarks/security.py` runs these and the unit
+tier's `tests/security/` and writes `benchmarks/results/security.json` from the marks and the
+outcomes, so the table of attacks is the tests themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, job_manifest
+from rlhf_local.operator_process import OPERATOR_NAMESPACE, OperatorProcess, chart_service_account
+from rlhf_local.testing import LocalCluster, wait_for
+from rlhfjob import api
+from rlhfjob.contract.kuberay import RAY_API_VERSION
+
+pytestmark = pytest.mark.e2e
+
+SHOWN_WITHIN_S = 60
+
+
+@pytest.fixture
+def jobs(local_cluster: LocalCluster, namespace: str) -> Jobs:
+    return Jobs(local_cluster, namespace)
+
+
+def _squat(kind: str, name: str, namespace: str) -> dict[str, Any]:
+    """An object someone else made under the name the operator would give one of the job's."""
+    metadata = {"name": name, "namespace": namespace, "labels": {"squatter": "yes"}}
+    bodies: dict[str, dict[str, Any]] = {
+        # A ServiceAccount with a cloud identity: what the job's pods would run as if adopted.
+        "ServiceAccount": {
+            "apiVersion": "v1",
+            "metadata": {**metadata, "annotations": {"iam.example.com/role": "admin"}},
+        },
+        "ConfigMap": {"apiVersion": "v1", "data": {"owner": "someone else"}},
+        "RoleBinding": {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "view",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+        },
+        "RayCluster": {
+            "apiVersion": RAY_API_VERSION,
+            "spec": {
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {  # never scheduled: no pool has this label
+                        "spec": {
+                            "nodeSelector": {"squat.example.com/nowhere": "true"},
+                            "containers": [{"name": "ray-head", "image": "ray:squat"}],
+                        }
+                    },
+                }
+            },
+        },
+    }
+    body = bodies[kind]
+    return {"kind": kind, **body, "metadata": body.get("metadata", metadata)}
+
+
+SQUATS = [
+    ("ServiceAccount", "{job}-trainer", "serviceaccount"),
+    ("ConfigMap", "{job}-config", "configmap"),
+    ("RoleBinding", "{job}-heartbeat", "rolebinding"),
+    ("RayCluster", "{job}", "raycluster"),
+]
+
+
+def _read(lc: LocalCluster, resource: str, name: str, namespace: str) -> dict[str, Any] | None:
+    found = lc.kubectl("get", resource, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(found) if found.strip().startswith("{") else None
+
+
+@pytest.mark.parametrize(("kind", "pattern", "resource"), SQUATS, ids=[s[0] for s in SQUATS])
+def test_an_object_named_like_the_jobs_own_is_never_adopted_changed_or_collected(
+    kind: str,
+    pattern: str,
+    resource: str,
+    jobs: Jobs,
+    operator: OperatorProcess,
+    local_cluster: LocalCluster,
+    request: pytest.FixtureRequest,
+) -> None:
+    request.node.add_marker(
+        pytest.mark.attack(
+            f"a job named to collide with an existing {kind} takes it over",
+            "ownership check: created, never adopted (kube.Kube.apply)",
+        )
+    )
+    job = f"squat-{kind.lower()}"
+    name = pattern.format(job=job)
+    local_cluster.apply(_squat(kind, name, jobs.namespace))
+    before = _read(local_cluster, resource, name, jobs.namespace)
+    assert before is not None
+    jobs.create(job_manifest(job, jobs.namespace, FINISH_AT_ONCE))
+    status = jobs.wait_phase(job, "Failed", SHOWN_WITHIN_S, operator)["status"]
+    assert f"{kind} {jobs.namespace}/{name} exists and is not this job's" in status["message"]
+    after = _read(local_cluster, resource, name, jobs.namespace)
+    assert after is not None
+    assert after["metadata"].get("ownerReferences") is None, "adopted"
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    if kind != "RayCluster":
+        assert jobs.ray_cluster(job) is None, "the job ran past the conflict"
+    # Deleting the job takes only what it owns: the object stays.
+    local_cluster.custom.delete_namespaced_custom_object(
+        api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, job
+    )
+    wait_for(lambda: _read(local_cluster, api.PLURAL, job, jobs.namespace) is None, 30, "job gone")
+    config = f"{job}-config"
+    if kind != "ConfigMap":  # the job's own objects do go (the garbage collector's work)
+        wait_for(
+            lambda: _read(local_cluster, "configmap", config, jobs.namespace) is None,
+            60,
+            f"the job's own ConfigMap {config} to be collected",
+        )
+    assert _read(local_cluster, resource, name, jobs.namespace) is not None
+
+
+def _allowed(lc: LocalCluster, user: str, verb: str, resource: str, namespace: str) -> bool:
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=user,
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{OPERATOR_NAMESPACE}"],
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, resource=resource, namespace=namespace
+            ),
+        )
+    )
+    answer = client.AuthorizationV1Api(lc.api).create_subject_access_review(review)
+    return bool(answer.status.allowed)
+
+
+ATTACKS_ON_SECRETS: list[tuple[str, str]] = [
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("patch", "secrets"),  # a no-op patch answers with the Secret's data
+    ("update", "secrets"),
+    ("delete", "secrets"),
+]
+
+
+@pytest.mark.parametrize(("verb", "resource"), ATTACKS_ON_SECRETS)
+def test_a_compromised_operator_cannot_read_or_change_a_secret(
+    verb: str,
+    resource: str,
+    operator: OperatorProcess,
+    local_cluster: LocalCluster,
+    namespace: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    request.node.add_marker(
+        pytest.mark.attack(
+            f"the operator's identity is used to {verb} a Secret",
+            "the chart's RBAC: create only on secrets",
+        )
+    )
+    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart_service_account()}"
+    assert _allowed(local_cluster, user, "create", "secrets", namespace)  # the control
+    assert not _allowed(local_cluster, user, verb, resource, namespace)
