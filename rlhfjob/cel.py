@@ -50,11 +50,13 @@ class CelRule:
 
 
 def immutable(field: str) -> CelRule:
-    """A transition rule that forbids changing `field` once the object exists."""
+    """A transition rule that forbids changing `field` once the object exists: set, unset,
+    or removed (a field removed and set again would change it in two steps)."""
     name = escape(field)
     assert name is not None, field
     return CelRule(
-        rule=f"!has(oldSelf.{name}) || !has(self.{name}) || self.{name} == oldSelf.{name}",
+        rule=f"has(self.{name}) == has(oldSelf.{name})"
+        f" && (!has(self.{name}) || self.{name} == oldSelf.{name})",
         message=f"{field} is immutable: create a new RLHFJob to change it",
         field_path=f".{field}",
     )

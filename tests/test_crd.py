@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import celpy
 import pytest
 import yaml
 from crd_validator import validate_object
@@ -124,6 +125,25 @@ def test_transition_rules_make_running_fields_immutable(crd: dict[str, Any]) -> 
     rollout_rules = " ".join(e["rule"] for e in rollout["x-kubernetes-validations"])
     assert "oldSelf.gpus" in rollout_rules
     assert "oldSelf.replicas" not in rollout_rules, "rollout replicas must stay elastic"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "allowed"),
+    [
+        ({"pods": {"a": 1}}, {"pods": {"a": 1}}, True),
+        ({}, {}, True),
+        ({"pods": {"a": 1}}, {"pods": {"a": 2}}, False),
+        ({"pods": {"a": 1}}, {}, False),  # removed, to be set again in a second step
+        ({}, {"pods": {"a": 1}}, False),  # set after creation
+    ],
+)
+def test_an_immutable_field_can_be_neither_changed_nor_removed_nor_added(
+    old: dict[str, Any], new: dict[str, Any], allowed: bool
+) -> None:
+    rule = cel.immutable("pods").rule
+    program = celpy.Environment().program(celpy.Environment().compile(rule))
+    activation = {"self": celpy.json_to_cel(new), "oldSelf": celpy.json_to_cel(old)}
+    assert bool(program.evaluate(activation)) is allowed
 
 
 @pytest.mark.parametrize("case", INVALID_CASES, ids=lambda case: case.id)

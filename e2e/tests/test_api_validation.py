@@ -79,7 +79,8 @@ def test_examples_are_accepted(
 def test_running_fields_are_immutable_but_elastic_replicas_are_not(
     local_cluster: LocalCluster, namespace: str
 ) -> None:
-    body = merge_patch(valid_job("immutable"), {"spec": {"suspend": True}})
+    pods = {"env": [{"name": "TEAM", "value": "research"}]}
+    body = merge_patch(valid_job("immutable"), {"spec": {"suspend": True, "pods": pods}})
     _create(local_cluster, namespace, body)
 
     def patch(spec: dict) -> None:
@@ -93,4 +94,7 @@ def test_running_fields_are_immutable_but_elastic_replicas_are_not(
     with pytest.raises(ApiException) as raised:
         patch({"roles": {"rollout": {"gpus": 2}}})
     assert "gpus is immutable" in raised.value.body
+    with pytest.raises(ApiException) as raised:  # removed now, to be set again later
+        patch({"pods": None})
+    assert "pods is immutable" in raised.value.body
     patch({"roles": {"rollout": {"replicas": 3}}})

@@ -159,7 +159,9 @@ class Kube:
         await self._ignore_missing(
             self.custom.delete_namespaced_custom_object,
             ray.RAY_GROUP, ray.RAY_VERSION, namespace, ray.RAY_CLUSTERS, name,
-            propagation_policy="Foreground", preconditions=client.V1Preconditions(uid=uid),
+            body=client.V1DeleteOptions(
+                propagation_policy="Foreground", preconditions=client.V1Preconditions(uid=uid)
+            ),
         )  # fmt: skip
 
     async def apply(self, manifest: dict[str, Any]) -> None:
