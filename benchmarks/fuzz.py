@@ -73,7 +73,7 @@ from rlhfjob import api, cel, crdgen  # noqa: E402
 from rlhfjob.api import RLHFJob  # noqa: E402
 from rlhfjob.config import InvalidJobError, parse_job  # noqa: E402
 from rlhfjob.contract import EngineCount  # noqa: E402
-from rlhfjob.invalid_cases import valid_job  # noqa: E402
+from rlhfjob.valid_cases import valid_job  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "fuzz.json"
 JOB_UID = "00000000-0000-4000-8000-00000000f022"

@@ -14,23 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhfjob.patches import merge_patch
-
-
-def valid_job(name: str = "valid-job") -> dict[str, Any]:
-    """The smallest job the API accepts, with both optional roles PPO needs."""
-    return {
-        "apiVersion": "rlhf.dev/v1alpha1",
-        "kind": "RLHFJob",
-        "metadata": {"name": name},
-        "spec": {
-            "image": "example.com/trainer:1",
-            "model": {"policy": "/models/tiny"},
-            "dataset": {"source": "synthetic:repeat-target"},
-            "reward": {"function": "tasks:score"},
-            "algorithm": {"name": "grpo", "totalSteps": 10},
-            "roles": {"trainer": {}, "rollout": {"backend": "hf"}},
-        },
-    }
+from rlhfjob.valid_cases import MODELS, MOUNT, SECRET, valid_job
 
 
 @dataclass(frozen=True)
@@ -60,42 +44,6 @@ def _toleration(role: str, **toleration: Any) -> dict[str, Any]:
 
 RANDOM_INIT = {"policy": None, "randomInit": {"model_type": "llama", "vocab_size": 16}}
 """A `model` patch: a random-initialised policy, which has no tokenizer unless one is named."""
-SECRET = {"name": "hf-token", "key": "token"}
-MODELS = {"volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}]}
-"""A pod overrides patch: a models volume."""
-MOUNT = {"name": "models", "mountPath": "/models"}
-SECRET_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": SECRET}}
-SECRET_ENV_FROM = {"secretRef": {"name": "wandb"}, "prefix": "WANDB_"}
-EVERY_POD_OVERRIDE: dict[str, Any] = {
-    "pods": {
-        "priorityClassName": "research-high",
-        "schedulerName": "gang-scheduler",
-        "imagePullSecrets": [{"name": "registry"}],
-        "labels": {"team": "alignment"},
-        "annotations": {"example.com/owner": "rl"},
-        "env": [SECRET_ENV, {"name": "LOG_LEVEL", "value": "info"}],
-        "envFrom": [SECRET_ENV_FROM, {"configMapRef": {"name": "settings", "optional": True}}],
-        **MODELS,
-        "volumeMounts": [MOUNT | {"readOnly": True}],
-        "shmSize": "8Gi",
-    },
-    "head": {"pod": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}},
-    "roles": {
-        "trainer": {
-            "pod": {
-                "extraResources": {"rdma/ib": 1},
-                "shmSize": "64Gi",
-                "labels": {"tier": "train"},
-                "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "100Gi"}}],
-                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch", "subPath": "t"}],
-            }
-        }
-    },
-}
-"""A `spec` patch that sets every pod override, valid: the unit tests render it, e2e applies
-the RayCluster it renders."""
-
-
 INVALID_CASES: list[InvalidCase] = [
     InvalidCase("image-missing", _spec(image=None), "spec.image"),
     InvalidCase("image-empty", _spec(image=""), "spec.image"),
@@ -650,6 +598,25 @@ INVALID_CASES: list[InvalidCase] = [
         _role("rollout", pod={"annotations": {"ray.io/overwrite-container-cmd": "true"}}),
         "spec.roles.rollout.pod.annotations",
         "(or their subdomains) are the operator's and KubeRay's",
+    ),
+    InvalidCase(
+        "pod-annotation-turning-apparmor-off",
+        _role(
+            "trainer",
+            pod={
+                "annotations": {
+                    "container.apparmor.security.beta.kubernetes.io/ray-worker": "unconfined"
+                }
+            },
+        ),
+        "spec.roles.trainer.pod.annotations",
+        "AppArmor and seccomp profiles are the operator's",
+    ),
+    InvalidCase(
+        "pod-annotation-turning-seccomp-off",
+        _spec(pods={"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}),
+        "spec.pods.annotations",
+        "AppArmor and seccomp profiles are the operator's",
     ),
     InvalidCase(
         "pod-label-value-with-a-space",

@@ -12,8 +12,9 @@ from rlhfjob import api
 from rlhfjob.api import Phase, RLHFJob, RLHFJobSpec
 from rlhfjob.config import InvalidJobError, load_job, parse_job
 from rlhfjob.contract import PodEnv
-from rlhfjob.invalid_cases import INVALID_CASES, MODEL_ONLY_CASES, valid_job
+from rlhfjob.invalid_cases import INVALID_CASES, MODEL_ONLY_CASES
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 
@@ -128,6 +129,7 @@ def test_a_name_of_the_longest_allowed_length_derives_valid_names_unshortened() 
         assert suffix == "" or suffix in api.DERIVED_NAME_SUFFIXES, suffix
     secret = names.ray_auth_secret_name(job, "token")  # the stem and the token's fingerprint
     assert dns_label.fullmatch(secret) and secret != names.ray_auth_secret_name(job, "other")
+    assert re.search(names.RAY_AUTH_SECRETS, secret), "what the job policy keeps jobs from"
     assert api.MAX_NAME_LENGTH <= names.MAX_RAY_CLUSTER_NAME
     assert names.job_labels(job)[names.LABEL_JOB] == name  # a label value: at most 63
 

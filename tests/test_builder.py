@@ -13,7 +13,8 @@ import yaml
 from rlhf_operator import builder
 from rlhf_operator.names import short_name
 from rlhfjob.config import load_job, parse_job
-from rlhfjob.invalid_cases import EVERY_POD_OVERRIDE, MODELS, SECRET_ENV, merge_patch, valid_job
+from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import EVERY_POD_OVERRIDE, MODELS, SECRET_ENV, valid_job
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

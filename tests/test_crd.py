@@ -12,7 +12,8 @@ import yaml
 from crd_validator import validate_object
 
 from rlhfjob import cel, crdgen
-from rlhfjob.invalid_cases import INVALID_CASES, MODEL_ONLY_CASES, valid_job
+from rlhfjob.invalid_cases import INVALID_CASES, MODEL_ONLY_CASES
+from rlhfjob.valid_cases import valid_job
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 

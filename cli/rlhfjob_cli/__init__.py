@@ -71,6 +71,11 @@ def _operator(args: argparse.Namespace) -> int:
         operator_namespace=args.operator_namespace or os.environ.get("POD_NAMESPACE"),
         operator_service_account=args.operator_service_account,
         kueue=args.kueue,
+        tolerate_all_taints=args.tolerate_all_taints,
+        allowed_system_priority_classes=tuple(args.allowed_system_priority_class or ()),
+        allowed_scheduler_names=tuple(args.allowed_scheduler_name or ()),
+        allowed_nfs_servers=tuple(args.allowed_nfs_server or ()),
+        allowed_csi_drivers=tuple(args.allowed_csi_driver or ()),
     )
     settings = OperatorSettings(
         ray_auth=ray_auth,
@@ -174,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="a ServiceAccount a job may name (repeatable; default: none, the per-job one)",
     )
+    operator.add_argument(
+        "--tolerate-all-taints",
+        action="store_true",
+        help="let a toleration with operator Exists and no key match every taint",
+    )
+    for flag, what in (
+        ("--allowed-system-priority-class", "a system- PriorityClass a job may name"),
+        ("--allowed-scheduler-name", "a scheduler a job may name besides default-scheduler"),
+        ("--allowed-nfs-server", "a server an inline nfs volume may mount"),
+        ("--allowed-csi-driver", "a driver an inline csi volume may use"),
+    ):
+        operator.add_argument(flag, action="append", help=f"{what} (repeatable; default: none)")
     operator.add_argument(
         "--kueue",
         action="store_true",

@@ -18,8 +18,8 @@ from rlhf_local import pools
 from rlhf_local.harness import LocalCluster, events_for, wait_for
 from rlhfjob import api, contract
 from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
-from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 if TYPE_CHECKING:
     from rlhf_local.operator_process import OperatorProcess

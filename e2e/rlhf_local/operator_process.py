@@ -107,7 +107,11 @@ def chart_policy_args(manifests: list[dict[str, Any]] | None = None) -> list[str
     rendered with `OPERATOR_VALUES`."""
     manifests = manifests or chart_manifests(*OPERATOR_VALUES)
     container = chart_deployment(manifests)["spec"]["template"]["spec"]["containers"][0]
-    return [arg for arg in container["args"] if arg.startswith(("--allowed-", "--kueue"))]
+    return [
+        arg
+        for arg in container["args"]
+        if arg.startswith(("--allowed-", "--kueue", "--tolerate-all-taints"))
+    ]
 
 
 def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:

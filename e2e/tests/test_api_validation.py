@@ -17,8 +17,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rlhf_local.testing import LocalCluster
 from rlhfjob import api
-from rlhfjob.invalid_cases import INVALID_CASES, valid_job
+from rlhfjob.invalid_cases import INVALID_CASES
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 pytestmark = pytest.mark.e2e
 

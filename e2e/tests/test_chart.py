@@ -77,6 +77,10 @@ def _refusal(lc: LocalCluster, namespace: str, spec: dict[str, Any]) -> str | No
     return refusal(lc, body)
 
 
+CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
 def test_admission_policy_refuses_borrowed_power(
     local_cluster: LocalCluster, namespace: str
 ) -> None:
@@ -107,6 +111,53 @@ def test_admission_policy_refuses_borrowed_power(
         assert _refusal(lc, namespace, {"serviceAccountName": "rlhf-trainer"}) is None
         # The same name in another namespace is another ServiceAccount.
         assert _refusal(lc, namespace, {"serviceAccountName": account}) is None
+
+        # No job in the operator's namespace; no other job's token; no node the policy keeps.
+        refused = _refusal(lc, OPERATOR_NAMESPACE, {})
+        assert refused is not None and "metadata.namespace" in refused, refused
+        token = {"secret": {"name": "other-job-ray-auth-0123456789"}}
+        control_plane = {"matchExpressions": [{"key": CONTROL_PLANE, "operator": "Exists"}]}
+        attempts = [
+            (
+                {"pods": {"volumes": [{"name": "t", "projected": {"sources": [token]}}]}},
+                "spec.pods",
+            ),
+            (
+                {"roles": {"trainer": {"tolerations": [{"operator": "Exists"}]}}},
+                "spec.roles.trainer.tolerations",
+            ),
+            (
+                {
+                    "roles": {
+                        "rollout": {
+                            "affinity": {
+                                "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [control_plane]}}
+                            }
+                        }
+                    }
+                },
+                "spec.roles.rollout.affinity",
+            ),
+            (
+                {"pods": {"priorityClassName": "system-node-critical"}},
+                "spec.pods.priorityClassName",
+            ),
+            (
+                {
+                    "head": {
+                        "pod": {
+                            "volumes": [
+                                {"name": "n", "nfs": {"server": "a.example.com", "path": "/"}}
+                            ]
+                        }
+                    }
+                },
+                "spec.head.pod.volumes",
+            ),
+        ]
+        for spec, field in attempts:
+            refused = _refusal(lc, namespace, spec)
+            assert refused is not None and field in refused, (field, refused)
     finally:
         remove_admission_policy(lc, applied)
 

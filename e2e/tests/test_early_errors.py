@@ -23,7 +23,7 @@ from rlhf_local import pools
 from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, job_manifest
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.testing import LocalCluster, wait_for
-from rlhfjob.invalid_cases import SECRET, SECRET_ENV
+from rlhfjob.valid_cases import SECRET, SECRET_ENV
 
 pytestmark = pytest.mark.e2e
 

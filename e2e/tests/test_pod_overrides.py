@@ -32,8 +32,8 @@ from rlhf_local.operator_process import (
 )
 from rlhf_local.paths import local_dir
 from rlhf_local.testing import LocalCluster, wait_for
-from rlhfjob.invalid_cases import EVERY_POD_OVERRIDE, SECRET_ENV, SECRET_ENV_FROM, valid_job
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import EVERY_POD_OVERRIDE, SECRET_ENV, SECRET_ENV_FROM, valid_job
 
 pytestmark = pytest.mark.e2e
 

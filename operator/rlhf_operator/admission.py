@@ -3,7 +3,7 @@
 The API server runs the policy at apply; the operator runs `JobPolicy.problems` at a job's
 first reconcile. Both come from `rlhf_operator.policy`: this module writes the chart template
 (`charts/rlhfjob/templates/admission-policy.yaml`) from its variables and checks, the
-installation's four values filled in by Helm, and `evaluate` runs a rendered policy with
+installation's values filled in by Helm, and `evaluate` runs a rendered policy with
 cel-python, which is how the tests hold the two forms to each other.
 
     python -m rlhf_operator.admission write   # rewrite the chart template
@@ -31,6 +31,14 @@ TEMPLATE_PATH = REPO_ROOT / "charts" / "rlhfjob" / "templates" / "admission-poli
 INSTALLATION = (
     ("allowedVolumeTypes", "$policy.allowedVolumeTypes | default list | toJson"),
     ("allowedServiceAccounts", "$policy.allowedServiceAccounts | default list | toJson"),
+    ("tolerateAllTaints", "$policy.tolerateAllTaints | default false | toJson"),
+    (
+        "allowedSystemPriorityClasses",
+        "$policy.allowedSystemPriorityClasses | default list | toJson",
+    ),
+    ("allowedSchedulerNames", "$policy.allowedSchedulerNames | default list | toJson"),
+    ("allowedNfsServers", "$policy.allowedNfsServers | default list | toJson"),
+    ("allowedCsiDrivers", "$policy.allowedCsiDrivers | default list | toJson"),
     ("operatorNamespace", ".Release.Namespace | toJson"),
     ("operatorServiceAccount", 'include "rlhfjob.serviceAccountName" . | toJson'),
 )

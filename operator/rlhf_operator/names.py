@@ -59,10 +59,15 @@ def ray_auth_secret_name(job: RLHFJob, token: str | None) -> str:
     named after the token's fingerprint: nobody without the token can make a Secret of that
     name ahead of the operator, so an existing one is the job's own and is never read; a new
     key (a rotation) gives a new name. None (`rlhfjob render`, no key): the name's stem."""
-    stem = short_name(f"{job.metadata.name}-ray-auth", 63)
     if token is None:
-        return stem
-    return short_name(f"{stem}-{hashlib.sha256(token.encode()).hexdigest()[:10]}", 63)
+        return f"{job.metadata.name}-ray-auth"
+    fingerprint = hashlib.sha256(token.encode()).hexdigest()[:10]
+    return f"{short_name(job.metadata.name, 43)}-ray-auth-{fingerprint}"  # the suffix never cut
+
+
+RAY_AUTH_SECRETS = r"-ray-auth(-[0-9a-f]{10}|-key)?$"
+"""What the name of a job's Ray token Secret (`ray_auth_secret_name`) and of the chart's key
+Secret (`<release>-ray-auth-key`) end with: no job may reference one (`policy`)."""
 
 
 def network_policy_name(job: RLHFJob) -> str:

@@ -169,11 +169,13 @@ class Reconciler:
             await self._reject(body, error)
             return None
         pending = job.status is None or job.status.phase == Phase.PENDING
-        # Before any cluster exists: a job that breaks the policy never gets one.
-        if pending and (problems := self.policy.problems(job)):
+        problems = self.policy.problems(job)
+        # Before any cluster exists: a job that breaks the policy never gets one. Later, the
+        # lifecycle fails it and deletes its cluster (`ending.fail_policy`).
+        if pending and problems:
             await self._reject(body, InvalidJobError(f"{namespace}/{name}", problems))
             return None
-        seen = await self.observe(job, body)
+        seen = replace(await self.observe(job, body), policy_problems=tuple(problems))
         plan = decide(seen)
         for decision in range(1, MAX_DECISIONS + 1):
             news = await self.act(job, body, seen, plan)

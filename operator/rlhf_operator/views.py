@@ -137,6 +137,10 @@ class Observed:
     nor the RayCluster, which is applied only after everything its pods need."""
     drained_nodes: tuple[str, ...] = ()
     """Cordoned nodes (a drain under way) that a trainer pod of the cluster runs on."""
+    policy_problems: tuple[str, ...] = ()
+    """How the job breaks the installation's job policy now (`JobPolicy.problems`): checked at
+    every reconcile, so a policy tightened, or a field changed past admission, ends a job
+    already running."""
     workload: WorkloadView | None = None
     """A queued job's Kueue Workload (None: not created yet, or the job is not queued)."""
     workload_error: ApplyRefusal | None = None

@@ -259,7 +259,24 @@ PodLabels = Annotated[
     Field(max_length=64, json_schema_extra=_validations(_LABELS_RULES)),
     _checked(_LABELS_RULES),
 ]
-_ANNOTATIONS_RULES = (LABEL_KEYS_RULE, _reserved_keys_rule("annotations"))
+SECURITY_PROFILE_ANNOTATIONS = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+"""The older annotation form of AppArmor and seccomp profiles: one set to `unconfined` would turn
+the profile the operator's pods run under off, so no job may set them."""
+_ANNOTATIONS_RULES = (
+    LABEL_KEYS_RULE,
+    _reserved_keys_rule("annotations"),
+    CelRule(
+        "self.all(k, "
+        + " && ".join(f"!k.startsWith('{prefix}')" for prefix in SECURITY_PROFILE_ANNOTATIONS)
+        + ")",
+        "AppArmor and seccomp profiles are the operator's (RuntimeDefault): no annotation may "
+        "set one",
+    ),
+)
 PodAnnotations = Annotated[
     dict[str, str],
     Field(max_length=64, json_schema_extra=_validations(_ANNOTATIONS_RULES)),

@@ -4,6 +4,7 @@ on the same jobs and the same installation values."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -15,8 +16,8 @@ from rlhf_operator import admission
 from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, JobPolicy
 from rlhfjob.api import POD_PLACES
 from rlhfjob.config import parse_job
-from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 needs_helm = pytest.mark.skipif(
     cached_tool("helm") is None,
@@ -29,6 +30,35 @@ HOST = {"name": "node", "hostPath": {"path": "/var"}}
 EMPTY = {"name": "scratch", "emptyDir": {}}
 SECRET_ENV = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
 CONFIG_ENV = {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+TOKEN_SECRET = "other-job-ray-auth-0a1b2c3d4e"
+TOKEN_CSI = {
+    "name": "t",
+    "csi": {"driver": "ebs.csi.aws.com", "nodePublishSecretRef": {"name": TOKEN_SECRET}},
+}
+CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+CONTROL_PLANE_TOLERATION = {"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def token_env(name: str) -> dict[str, Any]:
+    return {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "auth_token"}}}
+
+
+def nfs(server: str) -> dict[str, Any]:
+    return {"name": "shared", "nfs": {"server": server, "path": "/export"}}
+
+
+def affinity(key: str, preferred: bool = False) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": key, "operator": "Exists"}]}
+    if preferred:
+        rules = {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": term}]
+        }
+    else:
+        rules = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    return {"nodeAffinity": rules}
+
+
 PLACES = {
     "pods": lambda pod: {"pods": pod},
     "head": lambda pod: {"head": {"pod": pod}},
@@ -52,6 +82,52 @@ JOBS: dict[str, dict[str, Any]] = {
     "trainer-secret-ref": PLACES["trainer"]({"envFrom": [{"secretRef": {"name": "s"}}]}),
     "head-config-env": PLACES["head"]({"env": [CONFIG_ENV]}),
     "pods-null": {"pods": None},
+    # Another job's Ray token, through every way a pod reads a Secret.
+    "trainer-token-env": PLACES["trainer"]({"env": [token_env("b-ray-auth-0123456789")]}),
+    "head-token-env-from": PLACES["head"]({"envFrom": [{"secretRef": {"name": TOKEN_SECRET}}]}),
+    "pods-token-volume": PLACES["pods"](
+        {"volumes": [{"name": "t", "secret": {"secretName": TOKEN_SECRET}}]}
+    ),
+    "rollout-token-projected": PLACES["rollout"](
+        {"volumes": [{"name": "t", "projected": {"sources": [{"secret": {"name": TOKEN_SECRET}}]}}]}
+    ),
+    "trainer-token-csi": PLACES["trainer"]({"volumes": [TOKEN_CSI]}),
+    "pods-token-pull": {"pods": {"imagePullSecrets": [{"name": "rlhfjob-ray-auth-key"}]}},
+    "bucket-token": {
+        "checkpoint": {"objectStore": {"bucket": "ckpts", "credentialsSecret": TOKEN_SECRET}}
+    },
+    "checkpoint-token-volume": {"checkpoint": {"volume": {"secret": {"secretName": TOKEN_SECRET}}}},
+    "pods-secret-volume": PLACES["pods"](
+        {"volumes": [{"name": "t", "secret": {"secretName": "hf"}}]}
+    ),
+    "pods-ray-auth-lookalike": PLACES["pods"]({"env": [token_env("my-ray-auth-notes")]}),
+    # Placement and priority.
+    "trainer-tolerate-all": {"roles": {"trainer": {"tolerations": [{"operator": "Exists"}]}}},
+    "head-tolerate-control-plane": {"head": {"tolerations": [CONTROL_PLANE_TOLERATION]}},
+    "rollout-tolerate-gpu": {"roles": {"rollout": {"tolerations": [GPU_TOLERATION]}}},
+    "rollout-select-control-plane": {"roles": {"rollout": {"nodeSelector": {CONTROL_PLANE: ""}}}},
+    "head-select-master": {"head": {"nodeSelector": {"node-role.kubernetes.io/master": ""}}},
+    "trainer-affinity-control-plane": {"roles": {"trainer": {"affinity": affinity(CONTROL_PLANE)}}},
+    "rollout-affinity-preferred": {
+        "roles": {"rollout": {"affinity": affinity(CONTROL_PLANE, preferred=True)}}
+    },
+    "trainer-affinity-gpu": {"roles": {"trainer": {"affinity": affinity("gpu.example.com/a")}}},
+    "trainer-affinity-null": {"roles": {"trainer": {"affinity": None}}},
+    "priority-system": {"pods": {"priorityClassName": "system-node-critical"}},
+    "priority-listed": {"pods": {"priorityClassName": "system-cluster-critical"}},
+    "priority-team": {"pods": {"priorityClassName": "research-high"}},
+    "scheduler-other": {"pods": {"schedulerName": "volcano"}},
+    "scheduler-default": {"pods": {"schedulerName": "default-scheduler"}},
+    # Inline NFS servers and CSI drivers.
+    "pods-nfs-listed": PLACES["pods"]({"volumes": [nfs("10.0.0.5")]}),
+    "head-nfs-other": PLACES["head"]({"volumes": [nfs("attacker.example.com")]}),
+    "checkpoint-nfs": {"checkpoint": {"volume": {"nfs": {"server": "10.0.0.5", "path": "/c"}}}},
+    "trainer-csi-other": PLACES["trainer"](
+        {"volumes": [{"name": "c", "csi": {"driver": "secrets-store.csi.k8s.io"}}]}
+    ),
+    "rollout-csi-listed": PLACES["rollout"](
+        {"volumes": [{"name": "c", "csi": {"driver": "ebs.csi.aws.com"}}]}
+    ),
 }
 INSTALLATIONS = {
     "default": ((), JobPolicy()),
@@ -69,6 +145,22 @@ INSTALLATIONS = {
         ("jobPolicy.allowedVolumeTypes={hostPath,emptyDir,secret}",),
         JobPolicy(allowed_volume_types=("hostPath", "emptyDir", "secret")),
     ),
+    "placement": (
+        (
+            "jobPolicy.tolerateAllTaints=true",
+            "jobPolicy.allowedSystemPriorityClasses={system-cluster-critical}",
+            "jobPolicy.allowedSchedulerNames={volcano}",
+            "jobPolicy.allowedNfsServers={10.0.0.5}",
+            "jobPolicy.allowedCsiDrivers={ebs.csi.aws.com}",
+        ),
+        JobPolicy(
+            tolerate_all_taints=True,
+            allowed_system_priority_classes=("system-cluster-critical",),
+            allowed_scheduler_names=("volcano",),
+            allowed_nfs_servers=("10.0.0.5",),
+            allowed_csi_drivers=("ebs.csi.aws.com",),
+        ),
+    ),
 }
 
 
@@ -76,7 +168,7 @@ def rule_field(message: str) -> str:
     """The field a refusal names, at the grain of the admission policy's checks (which name a
     pod's volumes, or the pod for a Secret reference, not their index)."""
     field = message.split(":")[0]
-    field = re.sub(r"\.volumes\[\d+\]$", ".volumes", field)
+    field = re.sub(r"\.(volumes|tolerations)\[\d+\]$", r".\1", field)
     return re.sub(r"\.(env|envFrom)\[\d+\]\..*$", "", field)
 
 
@@ -112,9 +204,8 @@ def test_the_admission_policy_refuses_what_the_operator_refuses(
     rendered: dict[str, dict[str, Any]], installation: str, job: str, namespace: str
 ) -> None:
     _, python_policy = INSTALLATIONS[installation]
-    python_policy = JobPolicy(
-        allowed_volume_types=python_policy.allowed_volume_types,
-        allowed_service_accounts=python_policy.allowed_service_accounts,
+    python_policy = dataclasses.replace(
+        python_policy,
         operator_namespace=OPERATOR_NAMESPACE,
         operator_service_account=OPERATOR_ACCOUNT,
     )

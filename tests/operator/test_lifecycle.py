@@ -36,8 +36,8 @@ from rlhf_operator.views import (
 from rlhfjob.api import Condition, Phase, RLHFJob
 from rlhfjob.config import parse_job
 from rlhfjob.contract import EXIT_GRACE_SECONDS, EngineCount
-from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

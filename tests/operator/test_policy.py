@@ -6,8 +6,8 @@ from typing import Any
 
 from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, JobPolicy
 from rlhfjob.config import parse_job
-from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 HOST = {"name": "node", "hostPath": {"path": "/var"}}
 SECRET_ENV = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}

@@ -29,8 +29,8 @@ from rlhf_operator.views import ApplyRefusal, ClusterView, HeartbeatView, Observ
 from rlhfjob.api import Phase, RLHFJob
 from rlhfjob.config import parse_job
 from rlhfjob.contract import kueue
-from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 QUEUE = "team-a"

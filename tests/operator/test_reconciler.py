@@ -43,8 +43,8 @@ from rlhfjob import contract
 from rlhfjob.config import parse_job
 from rlhfjob.contract import LeaseReport, kueue
 from rlhfjob.contract import kuberay as ray
-from rlhfjob.invalid_cases import valid_job
 from rlhfjob.patches import merge_patch
+from rlhfjob.valid_cases import valid_job
 
 NAMESPACE, NAME = "ns", "job"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -411,6 +411,22 @@ def test_the_policy_admits_what_it_lists() -> None:
     )
     world.reconcile()
     assert world.status["phase"] == "Provisioning"
+
+
+def test_a_running_job_that_comes_to_break_the_policy_fails_and_loses_its_cluster() -> None:
+    """Checked at every reconcile, not only before the cluster: here a field changed past an
+    admission policy (or one switched off), on a job that runs."""
+    world = World()
+    world.running()
+    assert world.status["phase"] == "Running"
+    tolerate_all = {"roles": {"trainer": {"tolerations": [{"operator": "Exists"}]}}}
+    world.kube.jobs[NAME] = merge_patch(world.kube.jobs[NAME], {"spec": tolerate_all})
+    world.reconcile(10)
+    assert world.status["phase"] == "Failed"
+    assert "spec.roles.trainer.tolerations[0]" in world.status["message"]
+    assert "InvalidSpec" in world.reasons()
+    assert f"RayCluster/{NAME}" in world.kube.deleted, "its pods keep running otherwise"
+    assert world.ray.stopped, "the trainer is stopped"
 
 
 def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:

@@ -43,7 +43,7 @@ from rlhf_operator.views import (
 from rlhfjob.config import parse_job
 from rlhfjob.contract import EngineCount
 from rlhfjob.contract import kuberay as ray
-from rlhfjob.invalid_cases import valid_job
+from rlhfjob.valid_cases import valid_job
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -62,3 +62,15 @@ def wake_at_deadline(b: PlanBuilder) -> None:
     due = deadline(b)
     if due is not None:
         b.requeue((due - b.seen.now).total_seconds())
+
+
+def breaks_policy(b: PlanBuilder) -> bool:
+    """The job breaks the installation's job policy (checked at every reconcile)."""
+    return bool(b.seen.policy_problems)
+
+
+def fail_policy(b: PlanBuilder) -> None:
+    """A running job that breaks the policy stops now, its cluster deleted, checkpoints kept:
+    the pods would keep the power the policy refuses for as long as they run."""
+    message = "the job breaks the job policy: " + "; ".join(b.seen.policy_problems)
+    shared.finish(b, Phase.FAILED, FailureReason.INVALID_SPEC, message)

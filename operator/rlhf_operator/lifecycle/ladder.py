@@ -71,6 +71,7 @@ def _drive(b: PlanBuilder) -> None:
 
 LADDER: tuple[Rung, ...] = (
     Rung("finished", _finished, ending.after_finish),
+    Rung("breaking the job policy", ending.breaks_policy, ending.fail_policy),
     Rung("to queue", _to_queue, admission.enqueue),
     Rung("suspending", _suspending, drain.suspend),
     Rung("not admitted", _not_admitted, admission.wait_for_admission),
