@@ -374,6 +374,10 @@ def test_local_operator_runs_with_the_charts_identity_and_flags(tmp_path: Path) 
     assert [a for a in command if a.startswith("--allowed-")] == [
         a for a in chart_args if a.startswith("--allowed-")
     ]
+    # The one test hook the local operator adds, which no install of the chart can turn on.
+    assert [a for a in command if a.startswith("--dev-")] == ["--dev-dashboard-from-annotation"]
+    for values in ([], ["kueue.enabled=true"], list(MONITORING_VALUES)):
+        assert not [a for a in _container(chart_manifests(*values))["args"] if "--dev-" in a]
 
 
 def test_values_schema_wants_at_least_one_volume_type() -> None:

@@ -82,6 +82,7 @@ def _operator(args: argparse.Namespace) -> int:
         timer_interval=args.timer_interval,
         metrics_port=args.metrics_port,
         policy=policy,
+        dashboard_from_annotation=args.dev_dashboard_from_annotation,
     )
     kopf.configure(verbose=args.verbose)
     kopf.run(
@@ -196,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue (needs Kueue v0.17+ "
         "and the chart's kueue.enabled RBAC); without it such a job is refused",
+    )
+    operator.add_argument(
+        "--dev-dashboard-from-annotation",
+        action="store_true",
+        help="development and tests only: reach each job's Ray dashboard where the RayCluster's "
+        "rlhf.dev/dashboard-address annotation says (the local stand-in Ray publishes it there); "
+        "never in a real cluster, where whoever can annotate a RayCluster would be sent its token",
     )
     operator.add_argument("--verbose", action="store_true")
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))

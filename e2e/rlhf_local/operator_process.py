@@ -255,6 +255,7 @@ class OperatorProcess:
             f"--operator-service-account={self.service_account}",
             f"--ray-auth-key-file={self.ray_auth_key_file}",
             *self.policy_args,
+            "--dev-dashboard-from-annotation",  # the stand-in Ray publishes it there
         ]  # fmt: skip
 
     def start(self) -> None:

@@ -57,6 +57,8 @@ class OperatorSettings:
     """Prometheus endpoint; 0: none."""
     policy: JobPolicy = field(default_factory=JobPolicy)
     """What a job may ask for (volume types, ServiceAccounts)."""
+    dashboard_from_annotation: bool = False
+    """A test hook: trust the RayCluster's dashboard annotation (`Reconciler`)."""
 
 
 KUBE_THREADS = 32
@@ -180,6 +182,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                 emit=_emit,
                 ray_auth=operator_settings.ray_auth,
                 policy=operator_settings.policy,
+                dashboard_from_annotation=operator_settings.dashboard_from_annotation,
             ),
         )
 

@@ -115,8 +115,14 @@ class Reconciler:
         ray_auth: RayAuth,
         policy: JobPolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        dashboard_from_annotation: bool = False,
     ) -> None:
+        """`dashboard_from_annotation` is a test hook (off in the chart): the dashboard is asked
+        where the RayCluster's annotation says, as the local stand-in Ray publishes it, instead
+        of at the head Service. Anyone who may annotate a RayCluster could point it elsewhere
+        and be sent the job's Ray token, so a real operator never trusts it."""
         self.kube = kube
+        self.dashboard_from_annotation = dashboard_from_annotation
         self.ray_jobs = ray_jobs
         self.ray_auth = ray_auth
         self.policy = policy or JobPolicy()
@@ -226,7 +232,9 @@ class Reconciler:
         lease = None
         pods: list[Any] | None = None  # None: not read this time (its views are unknown)
         # Ready, deleting and the dashboard come from the RayCluster alone.
-        shell = cluster_view(job, cluster_body, [], now)
+        shell = cluster_view(
+            job, cluster_body, [], now, dashboard_from_annotation=self.dashboard_from_annotation
+        )
         queued = queueing.queue_name(job) is not None
         workload_body = None
         if shell is None and queued and foreign is None:
@@ -266,7 +274,14 @@ class Reconciler:
             job=job,
             now=now,
             created=created,
-            cluster=cluster_view(job, cluster_body, pods or [], now, pods_read=pods is not None),
+            cluster=cluster_view(
+                job,
+                cluster_body,
+                pods or [],
+                now,
+                pods_read=pods is not None,
+                dashboard_from_annotation=self.dashboard_from_annotation,
+            ),
             ray_job=ray_job,
             previous_ray_job=previous_ray_job,
             dashboard_error=dashboard_error,

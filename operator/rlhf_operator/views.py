@@ -571,9 +571,12 @@ def cluster_view(
     now: datetime,
     *,
     pods_read: bool = True,
+    dashboard_from_annotation: bool = False,
 ) -> ClusterView | None:
     """The RayCluster `body` (None: there is none) and its pods, as the policy needs them;
-    `pods_read` false: the pods were not read this time, so no role view is given."""
+    `pods_read` false: the pods were not read this time, so no role view is given. The
+    dashboard is the head Service's, or with `dashboard_from_annotation` (a test hook) the
+    address the RayCluster's annotation names."""
     if body is None:
         return None
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
@@ -581,7 +584,7 @@ def cluster_view(
     annotations = metadata.get("annotations")
     annotations = annotations if isinstance(annotations, dict) else {}
     status = body.get("status") if isinstance(body.get("status"), dict) else {}
-    dashboard = annotations.get(DASHBOARD_ANNOTATION)
+    dashboard = annotations.get(DASHBOARD_ANNOTATION) if dashboard_from_annotation else None
     return ClusterView(
         name=str(metadata.get("name") or names.ray_cluster_name(job)),
         created=_time(metadata.get("creationTimestamp")) or now,

@@ -24,4 +24,5 @@ STATE_READY = "ready"
 CONDITION_HEAD_POD_READY = "HeadPodReady"
 
 DASHBOARD_ANNOTATION = f"{GROUP}/dashboard-address"
-"""Where the local stand-in Ray publishes a RayCluster's dashboard (dev and tests only)."""
+"""Where the local stand-in Ray publishes a RayCluster's dashboard; read only by an operator
+started with `--dev-dashboard-from-annotation` (dev and tests)."""

@@ -311,6 +311,7 @@ class World:
             ray_auth=RAY_AUTH,
             policy=policy,
             clock=lambda: self.now,
+            dashboard_from_annotation=True,
         )
         document = merge_patch(valid_job(NAME), {"spec": spec})
         document["metadata"].update(

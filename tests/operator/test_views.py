@@ -24,6 +24,7 @@ from kubernetes.client import (
     V1PodStatus,
 )
 
+from rlhf_operator import names
 from rlhf_operator.views import (
     CAUSE_LIMIT,
     ClusterWarning,
@@ -41,7 +42,7 @@ from rlhf_operator.views import (
     startup_problem,
 )
 from rlhfjob.config import parse_job
-from rlhfjob.contract import EngineCount
+from rlhfjob.contract import DASHBOARD_ANNOTATION, EngineCount
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.valid_cases import valid_job
 
@@ -341,6 +342,16 @@ def test_a_bad_raycluster_reads_as_not_known_not_as_a_crash() -> None:
     assert view.roles == {"trainer": RoleView(0, 0)}
     assert view.head_not_ready_since == T0
     assert cluster_view(job, {"status": "junk"}, [], now=T0) is not None
+
+
+def test_the_dashboard_annotation_is_trusted_only_by_the_test_hook() -> None:
+    """Whoever may annotate a RayCluster must not choose where the job's token is sent."""
+    job = parse_job({**valid_job("job"), "metadata": {"name": "job", "namespace": "ns"}})
+    body = {"metadata": {"name": "job", "annotations": {DASHBOARD_ANNOTATION: "http://evil:1"}}}
+    view = cluster_view(job, body, [], now=T0)
+    assert view is not None and view.dashboard == names.dashboard_url(job)
+    hooked = cluster_view(job, body, [], now=T0, dashboard_from_annotation=True)
+    assert hooked is not None and hooked.dashboard == "http://evil:1"
 
 
 def test_head_pods_are_counted_without_those_being_deleted() -> None:
