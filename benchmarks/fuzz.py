@@ -62,6 +62,7 @@ from crd_validator import validate, validate_object  # noqa: E402
 
 from rlhf_operator import builder, names  # noqa: E402
 from rlhf_operator.lifecycle import Plan, decide  # noqa: E402
+from rlhf_operator.network import NetworkSettings  # noqa: E402
 from rlhf_operator.views import (  # noqa: E402
     ClusterView,
     HeartbeatView,
@@ -565,7 +566,7 @@ def owned_objects(job: RLHFJob, namespace: str | None = None) -> list[dict[str, 
     stored.metadata.uid = JOB_UID
     if namespace is not None:
         stored.metadata.namespace = namespace
-    return builder.build_owned_objects(stored, RAY_TOKEN, OPERATOR_NAMESPACE)
+    return builder.build_owned_objects(stored, RAY_TOKEN, NetworkSettings(OPERATOR_NAMESPACE))
 
 
 def ray_cluster(job: RLHFJob, namespace: str | None = None) -> dict[str, Any]:

@@ -120,6 +120,7 @@ def test_a_name_of_the_longest_allowed_length_derives_valid_names_unshortened() 
         names.heartbeat_role_name(job): "-heartbeat",
         names.ray_auth_secret_name(job, None): "-ray-auth",
         names.network_policy_name(job): "-ray-head",
+        names.head_api_policy_name(job): "-head-api",
         names.dashboard_url(job).split("//")[1].split(".")[0]: "-head-svc",
     }
     dns_label = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")

@@ -12,6 +12,7 @@ import yaml
 
 from rlhf_operator import builder
 from rlhf_operator.names import short_name
+from rlhf_operator.network import NetworkSettings
 from rlhfjob.config import load_job, parse_job
 from rlhfjob.patches import merge_patch
 from rlhfjob.valid_cases import EVERY_POD_OVERRIDE, MODELS, SECRET_ENV, valid_job
@@ -194,25 +195,6 @@ def test_ray_runs_with_token_auth_from_the_jobs_secret() -> None:
     )
 
 
-def test_the_network_policy_admits_the_jobs_pods_the_operator_to_the_dashboard_and_metrics() -> (
-    None
-):
-    policy = builder.build_network_policy(_job(), "rlhfjob-system")["spec"]
-    assert policy["podSelector"] == {"matchLabels": {"rlhf.dev/job": "demo"}}
-    assert policy["policyTypes"] == ["Ingress"]
-    own, operator, scrapes = policy["ingress"]
-    assert scrapes == {
-        "ports": [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 9400}]
-    }
-    assert own == {"from": [{"podSelector": {"matchLabels": {"rlhf.dev/job": "demo"}}}]}
-    (peer,) = operator["from"]
-    assert peer["namespaceSelector"] == {
-        "matchLabels": {"kubernetes.io/metadata.name": "rlhfjob-system"}
-    }
-    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
-    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
-
-
 def test_a_job_read_from_a_file_renders_to_yaml_kubectl_applies() -> None:
     job = load_job(ROOT / "examples" / "grpo-1gpu.yaml")
     rendered = builder.to_yaml(builder.build_ray_cluster(job), builder.build_config_map(job))
@@ -310,7 +292,7 @@ def test_a_job_without_overrides_renders_as_before() -> None:
 def test_secrets_stay_references_in_everything_the_operator_writes() -> None:
     """The operator never reads a Secret: what it applies names the Secret, never its value."""
     job = _job({"spec": EVERY_POD_OVERRIDE})
-    objects = builder.build_owned_objects(job, "t0ken", "rlhfjob-system")
+    objects = builder.build_owned_objects(job, "t0ken", NetworkSettings("rlhfjob-system"))
     cluster = next(o for o in objects if o["kind"] == "RayCluster")
     for template in _templates(cluster).values():
         (hf,) = [var for var in _container(template)["env"] if var["name"] == "HF_TOKEN"]
@@ -352,7 +334,7 @@ def test_only_the_head_gets_the_checkpoint_buckets_credentials_by_reference() ->
     """The driver uploads checkpoints from the head; the ranks never talk to the bucket."""
     store = {"bucket": "ckpts", "endpoint": "http://s3.local:8333", "credentialsSecret": "s3"}
     job = _job({"spec": {"checkpoint": {"objectStore": store}}})
-    objects = builder.build_owned_objects(job, "t0ken", "rlhfjob-system")
+    objects = builder.build_owned_objects(job, "t0ken", NetworkSettings("rlhfjob-system"))
     cluster = next(o for o in objects if o["kind"] == "RayCluster")
     wanted = {"RLHF_OBJECT_STORE_ACCESS_KEY_ID", "RLHF_OBJECT_STORE_SECRET_ACCESS_KEY"}
     for name, template in _templates(cluster).items():

@@ -7,6 +7,7 @@ fetches) and needs no cluster; `e2e/tests/test_chart.py` installs it into the lo
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import subprocess
 from collections import Counter
@@ -30,7 +31,9 @@ from rlhf_local.operator_process import (
     of_kind,
 )
 from rlhf_operator import builder, names
+from rlhf_operator.network import Destination
 from rlhfjob.contract.env import TRAINER_METRICS_PORT_NAME
+from rlhfjob_cli import build_parser
 
 pytestmark = pytest.mark.skipif(
     cached_tool("helm") is None,
@@ -282,6 +285,30 @@ def test_operator_gets_its_identity_policy_and_ray_auth_key() -> None:
         f"--allowed-volume-type={t}"
         for t in ("persistentVolumeClaim", "csi", "nfs", "emptyDir", "configMap", "secret")
     ]
+
+
+def test_the_network_values_reach_the_operator_as_destinations_it_reads() -> None:
+    args = _container(chart_manifests())["args"]
+    assert [
+        a for a in args if a.startswith(("--prometheus-", "--api-server", "--allow-egress"))
+    ] == ["--prometheus-namespace=monitoring"]
+    manifests = chart_manifests(
+        "networkPolicy.prometheusNamespaces={monitoring,observability}",
+        "networkPolicy.apiServerCIDRs={10.0.0.10/32:6443}",
+        "networkPolicy.extraEgress={10.20.0.0/16:443,fd00::/8}",
+    )
+    parsed = build_parser().parse_args(_container(manifests)["args"])
+    assert parsed.prometheus_namespace == ["monitoring", "observability"]
+    (api_server,) = [Destination.parse(c) for c in parsed.api_server_cidr]
+    assert api_server == Destination((ipaddress.ip_network("10.0.0.10/32"),), (6443,))
+    assert [Destination.parse(d).ports for d in parsed.allow_egress_to] == [(443,), ()]
+
+
+@pytest.mark.parametrize("cidr", ["10.0.0.0", "10.0.0.0/8:http", "example.com/8"])
+def test_values_schema_rejects_an_egress_destination_that_is_not_a_cidr(cidr: str) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as raised:
+        chart_manifests(f"networkPolicy.extraEgress={{{cidr}}}")
+    assert "extraEgress" in raised.value.stderr
 
 
 def test_an_existing_ray_auth_secret_replaces_the_generated_one() -> None:

@@ -57,6 +57,7 @@ def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     from rlhf_operator.handlers import OperatorSettings, registry
+    from rlhf_operator.network import Destination, EgressSettingError, NetworkSettings
     from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, JobPolicy
     from rlhf_operator.ray_auth import RayAuth, RayAuthKeyError
 
@@ -77,7 +78,18 @@ def _operator(args: argparse.Namespace) -> int:
         allowed_nfs_servers=tuple(args.allowed_nfs_server or ()),
         allowed_csi_drivers=tuple(args.allowed_csi_driver or ()),
     )
+    try:
+        network = NetworkSettings(
+            operator_namespace=policy.operator_namespace,
+            prometheus_namespaces=tuple(args.prometheus_namespace or ()),
+            api_server=tuple(Destination.parse(c) for c in args.api_server_cidr or ()),
+            extra_egress=tuple(Destination.parse(d) for d in args.allow_egress_to or ()),
+        )
+    except EgressSettingError as error:
+        print(f"rlhfjob operator: {error}", file=sys.stderr)
+        return 2
     settings = OperatorSettings(
+        network=network,
         ray_auth=ray_auth,
         timer_interval=args.timer_interval,
         metrics_port=args.metrics_port,
@@ -197,6 +209,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue (needs Kueue v0.17+ "
         "and the chart's kueue.enabled RBAC); without it such a job is refused",
+    )
+    operator.add_argument(
+        "--prometheus-namespace",
+        action="append",
+        help="a namespace whose pods may scrape the jobs' metrics ports (repeatable; default: "
+        "none outside the job)",
+    )
+    operator.add_argument(
+        "--api-server-cidr",
+        action="append",
+        metavar="CIDR[:PORT,...]",
+        help="the API server's addresses, which a job's head may reach (repeatable; default: "
+        "any address but the metadata one, on ports 443 and 6443)",
+    )
+    operator.add_argument(
+        "--allow-egress-to",
+        action="append",
+        metavar="CIDR[:PORT,...]",
+        help="a destination every job's pods may connect to besides those its spec declares "
+        "(repeatable; default: none)",
     )
     operator.add_argument(
         "--dev-dashboard-from-annotation",

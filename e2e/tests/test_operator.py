@@ -119,8 +119,22 @@ def assert_locked_down(jobs: Jobs, name: str) -> None:
         assert pod.spec.automount_service_account_token is head, pod.metadata.name
 
     policies = jobs.lc.networking.list_namespaced_network_policy(jobs.namespace).items
-    (policy,) = [p for p in policies if p.metadata.labels.get("rlhf.dev/job") == name]
-    assert policy.spec.pod_selector.match_labels == {"rlhf.dev/job": name}
+    pods_policy, head_policy = sorted(
+        (p for p in policies if p.metadata.labels.get("rlhf.dev/job") == name),
+        key=lambda p: len(p.spec.pod_selector.match_labels),
+    )
+    assert pods_policy.spec.pod_selector.match_labels == {"rlhf.dev/job": name}
+    assert pods_policy.spec.policy_types == ["Ingress", "Egress"]
+    assert head_policy.spec.pod_selector.match_labels == {
+        "rlhf.dev/job": name,
+        "ray.io/node-type": "head",
+    }
+    # Stored as built: no block the API server accepted lets a pod reach the metadata address.
+    rules = [*pods_policy.spec.egress, *head_policy.spec.egress]
+    blocks = [peer.ip_block for rule in rules for peer in rule.to or [] if peer.ip_block]
+    assert blocks and all(
+        "169.254.169.254/32" in (b._except or []) for b in blocks if ":" not in b.cidr
+    )
 
 
 def test_suspend_releases_the_cluster_and_resume_starts_again(

@@ -23,6 +23,7 @@ from rlhf_operator.names import (
     OPERATOR_POD_LABELS,
     config_map_name,
     disruption_budget_name,
+    head_api_policy_name,
     heartbeat_lease_name,
     heartbeat_role_name,
     job_labels,
@@ -30,6 +31,14 @@ from rlhf_operator.names import (
     ray_auth_secret_name,
     ray_cluster_name,
     trainer_service_account,
+)
+from rlhf_operator.network import (
+    API_SERVER_PORTS,
+    DNS_PODS,
+    Destination,
+    NetworkSettings,
+    egress_rule,
+    job_destinations,
 )
 from rlhf_operator.queueing import PodSetPlacement
 from rlhfjob import api
@@ -42,6 +51,7 @@ from rlhfjob.api import (
     Toleration,
 )
 from rlhfjob.contract import PodEnv
+from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract.env import TRAINER_METRICS_PORT, TRAINER_METRICS_PORT_NAME
 from rlhfjob.contract.kuberay import RAY_API_VERSION, RAY_CLUSTER_KIND
 
@@ -350,36 +360,69 @@ def build_ray_auth_secret(job: RLHFJob, token: str) -> dict[str, Any]:
     }
 
 
-def build_network_policy(job: RLHFJob, operator_namespace: str | None) -> dict[str, Any]:
-    """The job's Ray pods take connections only from each other, and the operator's dashboard
-    calls. Without an operator namespace (a development operator) the operator's pods are
-    matched by label in any namespace."""
+def build_network_policies(job: RLHFJob, network: NetworkSettings) -> list[dict[str, Any]]:
+    """Who may reach the job's Ray pods and where they may connect (`network`).
+
+    In: each other; the operator's pods, to the head's dashboard; Prometheus's namespaces, to
+    the metrics ports. Out: each other, the cluster DNS, what the spec declares (bucket endpoint,
+    remote reward servers) and the installation's extra destinations. A second policy lets the
+    head alone reach the API server (its heartbeat Lease); none reaches the metadata address."""
     own_pods = {"podSelector": {"matchLabels": {LABEL_JOB: job.metadata.name}}}
     operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
-    operator["namespaceSelector"] = (
-        {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
-        if operator_namespace
-        else {}
-    )
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(job, network_policy_name(job)),
-        "spec": {
-            **own_pods,
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [copy.deepcopy(own_pods)]},
-                {
-                    "from": [operator],
-                    "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}],
-                },
-                # Metrics only, read-only, from anywhere: where Prometheus runs is the
-                # installation's choice.
-                {"ports": [{"protocol": "TCP", "port": port} for port in METRICS_PORTS]},
-            ],
+    operator["namespaceSelector"] = _namespace(network.operator_namespace)
+    ingress: list[dict[str, Any]] = [
+        {"from": [copy.deepcopy(own_pods)]},
+        {"from": [operator], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
+    ]
+    if network.prometheus_namespaces:
+        ingress.append(
+            {
+                "from": [
+                    {"namespaceSelector": _namespace(name)}
+                    for name in network.prometheus_namespaces
+                ],
+                "ports": [{"protocol": "TCP", "port": port} for port in METRICS_PORTS],
+            }
+        )
+    dns = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(DNS_PODS)}}
+    egress: list[dict[str, Any]] = [
+        {"to": [copy.deepcopy(own_pods)]},
+        {"to": [dns], "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]},
+    ]
+    for destination in [*job_destinations(job), *network.extra_egress]:
+        if (rule := egress_rule(destination)) is not None and rule not in egress:
+            egress.append(rule)
+    api_server = network.api_server or (Destination(None, API_SERVER_PORTS),)
+    to_api_server = [r for d in api_server if (r := egress_rule(d, services=False)) is not None]
+    head = {LABEL_JOB: job.metadata.name, ray.LABEL_NODE_TYPE: ray.NODE_HEAD}
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(job, network_policy_name(job)),
+            "spec": {
+                **own_pods,
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": ingress,
+                "egress": egress,
+            },
         },
-    }
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(job, head_api_policy_name(job)),
+            "spec": {
+                "podSelector": {"matchLabels": head},
+                "policyTypes": ["Egress"],
+                "egress": to_api_server,
+            },
+        },
+    ]
+
+
+def _namespace(name: str | None) -> dict[str, Any]:
+    """A namespace selector for `name` (None: every namespace)."""
+    return {"matchLabels": {"kubernetes.io/metadata.name": name}} if name else {}
 
 
 DRAIN_GUARDED_ROLES = ("head", "trainer")
@@ -477,14 +520,14 @@ def build_trainer_rbac(job: RLHFJob) -> list[dict[str, Any]]:
 def build_owned_objects(
     job: RLHFJob,
     ray_token: str,
-    operator_namespace: str | None,
+    network: NetworkSettings,
     placement: dict[str, PodSetPlacement] | None = None,
 ) -> list[dict[str, Any]]:
     """Everything the operator applies for a running job, in dependency order."""
     return [
         *build_trainer_rbac(job),
         build_ray_auth_secret(job, ray_token),
-        build_network_policy(job, operator_namespace),
+        *build_network_policies(job, network),
         build_disruption_budget(job),
         build_config_map(job),
         build_ray_cluster(job, placement, ray_token),

@@ -34,6 +34,7 @@ from rlhf_operator.kube import Kube, load_kube_config
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
 from rlhf_operator.names import LABEL_JOB
+from rlhf_operator.network import NetworkSettings
 from rlhf_operator.policy import JobPolicy
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.rayjobs import RayJobClient
@@ -57,6 +58,8 @@ class OperatorSettings:
     """Prometheus endpoint; 0: none."""
     policy: JobPolicy = field(default_factory=JobPolicy)
     """What a job may ask for (volume types, ServiceAccounts)."""
+    network: NetworkSettings | None = None
+    """Where jobs' pods may connect and who may reach them (None: `Reconciler`'s default)."""
     dashboard_from_annotation: bool = False
     """A test hook: trust the RayCluster's dashboard annotation (`Reconciler`)."""
 
@@ -183,6 +186,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                 ray_auth=operator_settings.ray_auth,
                 policy=operator_settings.policy,
                 dashboard_from_annotation=operator_settings.dashboard_from_annotation,
+                network=operator_settings.network,
             ),
         )
 

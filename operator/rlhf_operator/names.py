@@ -71,8 +71,13 @@ Secret (`<release>-ray-auth-key`) end with: no job may reference one (`policy`).
 
 
 def network_policy_name(job: RLHFJob) -> str:
-    """The NetworkPolicy that admits only the job's own pods and the operator to its head."""
+    """The NetworkPolicy of the job's pods: who may reach them, where they may connect."""
     return short_name(f"{job.metadata.name}-ray-head", 63)
+
+
+def head_api_policy_name(job: RLHFJob) -> str:
+    """The NetworkPolicy that lets the job's head (alone) reach the API server."""
+    return short_name(f"{job.metadata.name}-head-api", 63)
 
 
 def disruption_budget_name(job: RLHFJob) -> str:

@@ -41,6 +41,7 @@ from rlhf_operator.lifecycle import (
     decide,
 )
 from rlhf_operator.metrics import OperatorMetrics
+from rlhf_operator.network import NetworkSettings
 from rlhf_operator.policy import JobPolicy
 from rlhf_operator.ports import (
     ApplyRefusedError,
@@ -116,6 +117,7 @@ class Reconciler:
         policy: JobPolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         dashboard_from_annotation: bool = False,
+        network: NetworkSettings | None = None,
     ) -> None:
         """`dashboard_from_annotation` is a test hook (off in the chart): the dashboard is asked
         where the RayCluster's annotation says, as the local stand-in Ray publishes it, instead
@@ -126,6 +128,7 @@ class Reconciler:
         self.ray_jobs = ray_jobs
         self.ray_auth = ray_auth
         self.policy = policy or JobPolicy()
+        self.network = network or NetworkSettings(operator_namespace=self.policy.operator_namespace)
         self.metrics = metrics
         self.emit = emit
         self.clock = clock
@@ -464,9 +467,7 @@ class Reconciler:
         the heartbeat Lease, then the RoleBinding (the API server checks the Role it binds), then
         the RayCluster. Returns the first refusal in the builder's order; after one, the later
         stages are not applied."""
-        owned = builder.build_owned_objects(
-            job, self.ray_auth.token(job), self.policy.operator_namespace, placement
-        )
+        owned = builder.build_owned_objects(job, self.ray_auth.token(job), self.network, placement)
         lease = builder.build_heartbeat_lease(job)
         later = ("RoleBinding", "RayCluster")
         assert [m["kind"] for m in owned if m["kind"] in later] == list(later)

@@ -30,9 +30,17 @@ KIND = "RLHFJob"
 PLURAL = "rlhfjobs"
 SINGULAR = "rlhfjob"
 SHORT_NAMES = ["rlhf"]
-DERIVED_NAME_SUFFIXES = ("-config", "-trainer", "-heartbeat", "-ray-auth", "-ray-head", "-head-svc")
+DERIVED_NAME_SUFFIXES = (
+    "-config",
+    "-trainer",
+    "-heartbeat",
+    "-ray-auth",
+    "-ray-head",
+    "-head-api",
+    "-head-svc",
+)
 """What is appended to a job's name to name the objects made for it: its ConfigMap,
-ServiceAccount, heartbeat Role, Ray token Secret and NetworkPolicy (`rlhf_operator.names`), and
+ServiceAccount, heartbeat Role, Ray token Secret and NetworkPolicies (`rlhf_operator.names`), and
 the head Service KubeRay names after the RayCluster, which has the job's name."""
 MAX_NAME_LENGTH = 63 - max(len(suffix) for suffix in DERIVED_NAME_SUFFIXES)
 """53, so every derived name is a DNS label of at most 63 characters, the job's name itself

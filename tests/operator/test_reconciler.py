@@ -34,6 +34,7 @@ from rlhf_operator import builder, names
 from rlhf_operator.kube import Kube
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
+from rlhf_operator.network import NetworkSettings
 from rlhf_operator.policy import JobPolicy
 from rlhf_operator.ports import ApplyRefusedError, Dashboard, DashboardUnavailableError
 from rlhf_operator.ray_auth import RayAuth
@@ -438,6 +439,7 @@ def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:
         "ServiceAccount",
         "Role",
         "NetworkPolicy",
+        "NetworkPolicy",  # the head's, to the API server
         "PodDisruptionBudget",
         "ConfigMap",
         "RoleBinding",  # after the Role it binds
@@ -719,7 +721,13 @@ def test_a_forbidden_object_is_shown_retried_and_created_once_allowed() -> None:
     assert due is not None and due <= 5  # soon again, not only at the timer's pace
     # What the pods need is applied at once; the RoleBinding and the RayCluster only once all
     # of it was taken.
-    others = ["ServiceAccount", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
+    others = [
+        "ServiceAccount",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "ConfigMap",
+    ]
     assert [m["kind"] for m in world.kube.applied] == others
     world.reconcile(3)
     assert [m["kind"] for m in world.kube.applied] == others * 2  # tried again
@@ -739,7 +747,10 @@ def test_an_object_of_the_jobs_name_that_is_someone_elses_fails_the_job_naming_i
     job = parse_job(world.kube.jobs[NAME])
     squat = next(
         m
-        for m in [*builder.build_owned_objects(job, "t", None), builder.build_heartbeat_lease(job)]
+        for m in [
+            *builder.build_owned_objects(job, "t", NetworkSettings()),
+            builder.build_heartbeat_lease(job),
+        ]
         if m["kind"] == kind
     )
     squatter = {**squat, "metadata": {**squat["metadata"], "ownerReferences": []}}
@@ -1221,7 +1232,7 @@ def test_a_cluster_not_ready_yet_is_read_with_its_pods_and_warnings_not_the_leas
                                 "cluster_events": 1}  # fmt: skip
     del world.kube.clusters[NAME]  # none (yet, or any more): nothing else to read
     assert _reads(world, 2) == {"get_job": 1, "get_ray_cluster": 1}
-    assert world.kube.calls["apply"] == 7
+    assert world.kube.calls["apply"] == 8
 
 
 # -- node drains --------------------------------------------------------------------------------
