@@ -64,19 +64,21 @@ RESTRICTED = {
 @pytest.fixture
 def namespace(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A restricted namespace of its own for one test, deleted (and waited for) afterwards."""
-    yield from _namespace(local_cluster, request, RESTRICTED)
+    yield from fresh_namespace(local_cluster, request, RESTRICTED)
 
 
 @pytest.fixture
 def unrestricted_namespace(
     local_cluster: LocalCluster, request: pytest.FixtureRequest
 ) -> Iterator[str]:
-    yield from _namespace(local_cluster, request, {})
+    yield from fresh_namespace(local_cluster, request, {})
 
 
-def _namespace(
+def fresh_namespace(
     local_cluster: LocalCluster, request: pytest.FixtureRequest, labels: dict[str, str]
 ) -> Iterator[str]:
+    """A namespace named after the test (or module) of `request`, with `labels`; deleted after,
+    waiting for its pods and RayClusters to go."""
     base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
     name = f"{base}-{uuid.uuid4().hex[:5]}"
     metadata = client.V1ObjectMeta(name=name, labels=labels or None)

@@ -77,6 +77,10 @@ def test_examples_are_accepted(
     assert "raycluster.ray.io/" in applied and "configmap/" in applied, applied
 
 
+@pytest.mark.attack(
+    "an immutable field removed and re-added to change it",
+    "the CRD's transition rules (has(self) == has(oldSelf))",
+)
 def test_running_fields_are_immutable_but_elastic_replicas_are_not(
     local_cluster: LocalCluster, namespace: str
 ) -> None:

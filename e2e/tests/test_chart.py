@@ -1,6 +1,6 @@
 """The Helm chart against the local cluster: its monitoring objects pass the Prometheus
-Operator's CRDs, its admission policy refuses jobs that would borrow the operator's power, and a
-real `helm install`, `upgrade` and `uninstall`. What only renders is `tests/test_chart.py`.
+Operator's CRDs, and a real `helm install`, `upgrade` and `uninstall`. Its admission policy
+against attacks: `test_attacks.py`. What only renders is `tests/test_chart.py`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,10 @@ from rlhf_local.harness import wait_for
 from rlhf_local.operator_process import (
     CHART,
     MONITORING_VALUES,
-    OPERATOR_NAMESPACE,
-    REPO,
-    apply_admission_policy,
     chart_deployment,
     chart_manifests,
-    chart_service_account,
     helm,
     of_kind,
-    refusal,
-    remove_admission_policy,
 )
 from rlhf_local.testing import LocalCluster
 from rlhfjob import api
@@ -65,101 +59,6 @@ def test_the_monitoring_objects_pass_the_prometheus_operators_crds(
 
 
 # -- against the local cluster (the e2e tier) --------------------------------------------------
-
-
-def _refusal(lc: LocalCluster, namespace: str, spec: dict[str, Any]) -> str | None:
-    """Why the API server refuses this job (dry run: nothing is created); None if accepted."""
-    example = yaml.safe_load((REPO / "examples/grpo-tiny-cpu.yaml").read_text())
-    body = merge_patch(
-        example,
-        {"metadata": {"name": "borrowed-power", "namespace": namespace}, "spec": spec},
-    )
-    return refusal(lc, body)
-
-
-CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
-REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-
-
-def test_admission_policy_refuses_borrowed_power(
-    local_cluster: LocalCluster, namespace: str
-) -> None:
-    lc = local_cluster
-    account = chart_service_account()
-    lc.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    # Bound to this test's namespaces only, so other tests' jobs never meet it; the operator's
-    # own ServiceAccount is listed as allowed, so only the rule against it can refuse it.
-    applied = apply_admission_policy(
-        lc,
-        f"watchNamespaces={{{OPERATOR_NAMESPACE},{namespace}}}",
-        f"jobPolicy.allowedServiceAccounts={{rlhf-trainer,{account}}}",
-    )
-    try:
-        host_path = {"checkpoint": {"volume": {"hostPath": {"path": "/"}}}}
-        refused = wait_for(
-            lambda: _refusal(lc, namespace, host_path), 60, "the admission policy to take effect"
-        )
-        assert "spec.checkpoint.volume" in refused and "hostPath" in refused, refused
-
-        own = _refusal(lc, OPERATOR_NAMESPACE, {"serviceAccountName": account})
-        assert own is not None and "spec.serviceAccountName" in own, own
-        other = _refusal(lc, namespace, {"serviceAccountName": "someone-else"})
-        assert other is not None and "spec.serviceAccountName" in other, other
-
-        pvc = {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}}
-        assert _refusal(lc, namespace, pvc) is None
-        assert _refusal(lc, namespace, {"serviceAccountName": "rlhf-trainer"}) is None
-        # The same name in another namespace is another ServiceAccount.
-        assert _refusal(lc, namespace, {"serviceAccountName": account}) is None
-
-        # No job in the operator's namespace; no other job's token; no node the policy keeps.
-        refused = _refusal(lc, OPERATOR_NAMESPACE, {})
-        assert refused is not None and "metadata.namespace" in refused, refused
-        token = {"secret": {"name": "other-job-ray-auth-0123456789"}}
-        control_plane = {"matchExpressions": [{"key": CONTROL_PLANE, "operator": "Exists"}]}
-        attempts = [
-            (
-                {"pods": {"volumes": [{"name": "t", "projected": {"sources": [token]}}]}},
-                "spec.pods",
-            ),
-            (
-                {"roles": {"trainer": {"tolerations": [{"operator": "Exists"}]}}},
-                "spec.roles.trainer.tolerations",
-            ),
-            (
-                {
-                    "roles": {
-                        "rollout": {
-                            "affinity": {
-                                "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [control_plane]}}
-                            }
-                        }
-                    }
-                },
-                "spec.roles.rollout.affinity",
-            ),
-            (
-                {"pods": {"priorityClassName": "system-node-critical"}},
-                "spec.pods.priorityClassName",
-            ),
-            (
-                {
-                    "head": {
-                        "pod": {
-                            "volumes": [
-                                {"name": "n", "nfs": {"server": "a.example.com", "path": "/"}}
-                            ]
-                        }
-                    }
-                },
-                "spec.head.pod.volumes",
-            ),
-        ]
-        for spec, field in attempts:
-            refused = _refusal(lc, namespace, spec)
-            assert refused is not None and field in refused, (field, refused)
-    finally:
-        remove_admission_policy(lc, applied)
 
 
 def test_helm_install_upgrade_uninstall(local_cluster: LocalCluster) -> None:

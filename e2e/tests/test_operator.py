@@ -65,6 +65,10 @@ def test_job_runs_on_its_pools_and_succeeds(
     assert "Succeeded" in table
 
 
+@pytest.mark.attack(
+    "anyone in the cluster submits code to a job's Ray head",
+    "Ray token auth (401 without the token, 403 with a wrong one)",
+)
 def test_trainer_is_submitted_once_even_across_an_operator_restart(
     jobs: Jobs, operator: OperatorProcess
 ) -> None:

@@ -1,9 +1,10 @@
 """Attacks on the operator's power, each an attempt that must fail against the real API server
 and the operator running with the chart's RBAC (issue 24).
 
-Every test carries `attack(what, blocked_by)`: `benchmarks/security.py` runs these and the unit
-tier's `tests/security/` and writes `benchmarks/results/security.json` from the marks and the
-outcomes, so the table of attacks is the tests themselves.
+Every test carries `attack(what, blocked_by)`: `benchmarks/security.py` runs the marked tests
+(these, `test_attacks.py`, the unit tier's `tests/security/`) and writes
+`benchmarks/results/security.json` from the marks and the outcomes, so the table of attacks is
+the tests themselves.
 """
 
 from __future__ import annotations
@@ -92,7 +93,20 @@ def _read(lc: LocalCluster, resource: str, name: str, namespace: str) -> dict[st
     return json.loads(found) if found.strip().startswith("{") else None
 
 
-@pytest.mark.parametrize(("kind", "pattern", "resource"), SQUATS, ids=[s[0] for s in SQUATS])
+@pytest.mark.parametrize(
+    ("kind", "pattern", "resource"),
+    [
+        pytest.param(
+            *squat,
+            id=squat[0],
+            marks=pytest.mark.attack(
+                f"a job named to collide with an existing {squat[0]} takes it over",
+                "ownership check: created, never adopted (kube.Kube.apply)",
+            ),
+        )
+        for squat in SQUATS
+    ],
+)
 def test_an_object_named_like_the_jobs_own_is_never_adopted_changed_or_collected(
     kind: str,
     pattern: str,
@@ -100,14 +114,7 @@ def test_an_object_named_like_the_jobs_own_is_never_adopted_changed_or_collected
     jobs: Jobs,
     operator: OperatorProcess,
     local_cluster: LocalCluster,
-    request: pytest.FixtureRequest,
 ) -> None:
-    request.node.add_marker(
-        pytest.mark.attack(
-            f"a job named to collide with an existing {kind} takes it over",
-            "ownership check: created, never adopted (kube.Kube.apply)",
-        )
-    )
     job = f"squat-{kind.lower()}"
     name = pattern.format(job=job)
     local_cluster.apply(_squat(kind, name, jobs.namespace))
@@ -161,21 +168,28 @@ ATTACKS_ON_SECRETS: list[tuple[str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("verb", "resource"), ATTACKS_ON_SECRETS)
+@pytest.mark.parametrize(
+    ("verb", "resource"),
+    [
+        pytest.param(
+            verb,
+            resource,
+            id=verb,
+            marks=pytest.mark.attack(
+                f"the operator's identity is used to {verb} a Secret",
+                "the chart's RBAC: create only on secrets",
+            ),
+        )
+        for verb, resource in ATTACKS_ON_SECRETS
+    ],
+)
 def test_a_compromised_operator_cannot_read_or_change_a_secret(
     verb: str,
     resource: str,
     operator: OperatorProcess,
     local_cluster: LocalCluster,
     namespace: str,
-    request: pytest.FixtureRequest,
 ) -> None:
-    request.node.add_marker(
-        pytest.mark.attack(
-            f"the operator's identity is used to {verb} a Secret",
-            "the chart's RBAC: create only on secrets",
-        )
-    )
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart_service_account()}"
     assert _allowed(local_cluster, user, "create", "secrets", namespace)  # the control
     assert not _allowed(local_cluster, user, verb, resource, namespace)

@@ -65,11 +65,19 @@ def test_in_the_jobs_pods_the_operator_to_the_dashboard_and_prometheus_to_the_me
     }
 
 
+@pytest.mark.attack(
+    "anyone in the cluster reads a job's metrics ports",
+    "the job's NetworkPolicy: metrics only from the chart's Prometheus namespaces",
+)
 def test_without_prometheus_namespaces_no_one_outside_the_job_scrapes_it() -> None:
     pods, _ = _policies()
     assert [rule["from"] for rule in pods["spec"]["ingress"]][2:] == []
 
 
+@pytest.mark.attack(
+    "a job's pods connect to other namespaces or the internet",
+    "the job's NetworkPolicy egress rules (rlhf_operator.network)",
+)
 def test_a_job_that_declares_nothing_reaches_only_its_own_pods_and_dns() -> None:
     pods, _ = _policies()
     assert pods["spec"]["egress"] == [{"to": [OWN]}, DNS_RULE]
@@ -126,6 +134,10 @@ def test_extra_destinations_never_open_the_metadata_address() -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.attack(
+    "a job's pods reach the cloud metadata address (the node's identity)",
+    "the job's NetworkPolicies: every address block excepts it (rlhf_operator.network)",
+)
 def test_no_address_block_of_any_policy_admits_the_metadata_address() -> None:
     """Over every kind of destination: a block that covers it excepts it."""
     extra = tuple(

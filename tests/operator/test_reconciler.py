@@ -415,6 +415,10 @@ def test_the_policy_admits_what_it_lists() -> None:
     assert world.status["phase"] == "Provisioning"
 
 
+@pytest.mark.attack(
+    "a running job patched to break the job policy keeps running",
+    "the operator's policy check at every reconcile: Failed, cluster deleted",
+)
 def test_a_running_job_that_comes_to_break_the_policy_fails_and_loses_its_cluster() -> None:
     """Checked at every reconcile, not only before the cluster: here a field changed past an
     admission policy (or one switched off), on a job that runs."""

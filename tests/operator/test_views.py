@@ -344,6 +344,10 @@ def test_a_bad_raycluster_reads_as_not_known_not_as_a_crash() -> None:
     assert cluster_view(job, {"status": "junk"}, [], now=T0) is not None
 
 
+@pytest.mark.attack(
+    "a RayCluster annotation points the operator, with the job's token, at another address",
+    "the operator asks the head Service; the annotation is a test hook (a --dev- flag)",
+)
 def test_the_dashboard_annotation_is_trusted_only_by_the_test_hook() -> None:
     """Whoever may annotate a RayCluster must not choose where the job's token is sent."""
     job = parse_job({**valid_job("job"), "metadata": {"name": "job", "namespace": "ns"}})

@@ -362,6 +362,10 @@ def test_an_imported_copy_appears_only_once_every_hash_verifies(tmp_path: Path) 
     "listed",
     ["../escape", "model/../../escape", "/etc/passwd", "model//shard", "./latest", "a\\b", "", 7],
 )
+@pytest.mark.attack(
+    "a checkpoint manifest whose paths leave the checkpoint directory",
+    "the manifest check: plain relative paths only (rlhf_trainer.checkpoint)",
+)
 def test_a_manifest_path_that_could_leave_its_checkpoint_is_refused(
     tmp_path: Path, listed: object
 ) -> None:
@@ -393,6 +397,10 @@ def test_resume_refuses_a_manifest_that_lists_a_file_outside_and_falls_back(
     assert "manifest path '../../outside'" in caplog.text
 
 
+@pytest.mark.attack(
+    "a bucket manifest that makes the download write outside the volume",
+    "the manifest check before any download (rlhf_trainer.checkpoint)",
+)
 def test_a_bucket_manifest_cannot_make_the_download_write_outside_the_volume(
     tmp_path: Path,
 ) -> None:
