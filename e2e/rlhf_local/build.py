@@ -180,14 +180,7 @@ def cyclonus_key(go_version: str) -> str:
 
 
 def _cyclonus_install_cmd(*extra: str) -> list[str]:
-    return [
-        "go",
-        "install",
-        *extra,
-        *versions.GO_BUILD_FLAGS,
-        f"-ldflags={versions.GO_LDFLAGS}",
-        f"{CYCLONUS_PACKAGE}@{versions.CYCLONUS}",
-    ]
+    return _go_install_cmd(f"{CYCLONUS_PACKAGE}@{versions.CYCLONUS}", versions.GO_LDFLAGS, *extra)
 
 
 def seaweedfs_key(go_version: str) -> str:
@@ -304,15 +297,13 @@ def _kube_src(key: str) -> Path:
     return src
 
 
+def _go_install_cmd(target: str, ldflags: str, *extra: str) -> list[str]:
+    """`go install` of `target` (package@version) with the project's build flags."""
+    return ["go", "install", *extra, *versions.GO_BUILD_FLAGS, f"-ldflags={ldflags}", target]
+
+
 def _kuberay_install_cmd(*extra: str) -> list[str]:
-    return [
-        "go",
-        "install",
-        *extra,
-        *versions.GO_BUILD_FLAGS,
-        f"-ldflags={versions.GO_LDFLAGS}",
-        f"{KUBERAY_MODULE}@{versions.KUBERAY}",
-    ]
+    return _go_install_cmd(f"{KUBERAY_MODULE}@{versions.KUBERAY}", versions.GO_LDFLAGS, *extra)
 
 
 def _kueue_ldflags() -> str:
@@ -320,14 +311,7 @@ def _kueue_ldflags() -> str:
 
 
 def _kueue_install_cmd(*extra: str) -> list[str]:
-    return [
-        "go",
-        "install",
-        *extra,
-        *versions.GO_BUILD_FLAGS,
-        f"-ldflags={_kueue_ldflags()}",
-        f"{KUEUE_MODULE}/cmd/kueue@{versions.KUEUE}",
-    ]
+    return _go_install_cmd(f"{KUEUE_MODULE}/cmd/kueue@{versions.KUEUE}", _kueue_ldflags(), *extra)
 
 
 def _seaweedfs_ldflags() -> str:
