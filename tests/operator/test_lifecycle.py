@@ -35,7 +35,7 @@ from rlhf_operator.views import (
 )
 from rlhfjob.api import Condition, Phase, RLHFJob
 from rlhfjob.config import parse_job
-from rlhfjob.contract import EXIT_GRACE_SECONDS, EngineCount
+from rlhfjob.contract import EXIT_GRACE_SECONDS, PHASE_EXITING, PHASE_STARTING, EngineCount
 from rlhfjob.patches import merge_patch
 from rlhfjob.valid_cases import valid_job
 
@@ -750,6 +750,27 @@ def test_an_elastic_role_below_its_replicas_is_degraded_not_failed() -> None:
     )  # fmt: skip
     assert [c.status for c in rejoined.status.conditions if c.type == "Degraded"] == ["False"]
     assert [e.reason for e in rejoined.events] == ["ReplicasRestored"]
+
+
+@pytest.mark.parametrize("phase", [PHASE_STARTING, PHASE_EXITING])
+def test_engines_booting_or_going_down_with_their_driver_are_not_degraded(phase: str) -> None:
+    """A starting driver reports its engines as they come up (0/2 first) and an exiting one as
+    it takes them down: neither is a lost replica, so a healthy job shows no Degraded flap at
+    its start and end. A pod that is really missing still does."""
+    roles = {"rollout": {"replicas": 2, "minReplicas": 1}}
+    job = make_job(submitted(), roles=roles)
+    beat = HeartbeatView(renewed=at(99), step=0, attempt=0, phase=phase,
+                         rollout_engines=EngineCount(0, 2))  # fmt: skip
+    seen = Observed(job=job, now=at(100), created=at(0), heartbeat=beat,
+                    cluster=with_roles(trainer=(2, 2), rollout=(2, 2)),
+                    ray_job=ray_job("RUNNING"))  # fmt: skip
+    plan = decide(seen)
+    assert [c for c in plan.status.conditions if c.type == "Degraded"] == []
+    assert "Degraded" not in [e.reason for e in plan.events]
+
+    lost_pod = decide(replace(seen, cluster=with_roles(trainer=(2, 2), rollout=(1, 2))))
+    degraded = next(c for c in lost_pod.status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.message) == ("True", "rollout 1/2 pods ready")
 
 
 def test_the_first_step_past_the_checkpoint_marks_the_restart_resumed() -> None:

@@ -11,7 +11,19 @@ from rlhf_operator.lifecycle.plan import (
     TRAINER,
 )
 from rlhfjob.api import ElasticRoleSpec
-from rlhfjob.contract import DrainCause, EventReason, RestartReason
+from rlhfjob.contract import (
+    PHASE_EXITING,
+    PHASE_STARTING,
+    DrainCause,
+    EventReason,
+    RestartReason,
+)
+
+ENGINES_IN_TRANSIT = (PHASE_STARTING, PHASE_EXITING)
+"""Driver phases whose engine counts say nothing of the pods: a starting driver reports its
+engines as they boot (0/2 first), an exiting one as it takes them down. Counted then, every
+healthy job would turn Degraded at its start and again at its end; a lost pod still shows
+from the pods themselves."""
 
 
 def roles_below_minimum(b: PlanBuilder, *, include_elastic: bool = True, skip: str = "") -> str:
@@ -87,6 +99,8 @@ def elastic_shortfall(b: PlanBuilder) -> str:
         if role in elastic and view.ready < view.desired:
             short.append(f"{role} {view.ready}/{view.desired} pods ready")
     beat = b.current_heartbeat()
+    if beat is not None and beat.phase in ENGINES_IN_TRANSIT:
+        beat = None
     for count, what in (
         (beat.rollout_engines if beat else None, "rollout engines"),
         (beat.reward_models if beat else None, "reward models"),
