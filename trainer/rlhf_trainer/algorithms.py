@@ -216,16 +216,19 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         for rows in _chunks(scores, ctx.chunk_elements):  # type: ignore[attr-defined]
             log_p = _log_softmax_(_scaled(scores[rows], temperature), lse[rows])
             p = log_p.exp()
-            # d/dx = -p * (g_y + g_H (log p + H)) + onehot(y) g_y, built in place in log_p.
+            # d/dx = -(g_H p (log p + H) + g_y p) + onehot(y) g_y, built in place in log_p.
+            # p multiplies before g_H does: log p of an impossible token is clamped to the
+            # dtype's minimum, and scaled by |g_H| > 1 first it would overflow to inf, and
+            # 0 * inf is NaN; p (log p + H) is exactly 0 there.
             if grad_entropy is not None:
                 g_h = grad_entropy[rows].to(log_p.dtype).unsqueeze(-1)
-                dx = log_p.add_(entropy[rows].unsqueeze(-1)).mul_(g_h)
+                dx = log_p.add_(entropy[rows].unsqueeze(-1)).mul_(p).mul_(g_h)
             else:
                 dx = log_p.zero_()
             if grad_chosen is not None:
                 g_y = grad_chosen[rows].to(log_p.dtype).unsqueeze(-1)
-                dx.add_(g_y)
-            dx.mul_(p).neg_()
+                dx.addcmul_(p, g_y)
+            dx.neg_()
             if grad_chosen is not None:
                 dx.scatter_add_(-1, targets[rows], g_y)
             if temperature != 1.0:
