@@ -22,8 +22,8 @@ def test_every_model_has_a_section_with_a_row_per_field() -> None:
 def test_rows_show_type_default_and_description() -> None:
     text = docgen.render_reference()
     assert (
-        "| `groupSize` | integer, 1 to 1024 | `8` | Responses sampled per prompt (GRPO normalises "
-        "rewards within each group). |" in text
+        "| `groupSize` | integer, 1 to 1024 | `8` | Responses sampled per prompt (every estimator "
+        "but ppo; grpo normalises rewards within each group). |" in text
     )
     assert "| `image` | string | required |" in text
     assert "| `head` | [HeadSpec](#headspec) | its fields' defaults |" in text

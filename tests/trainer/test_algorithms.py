@@ -440,7 +440,7 @@ def test_clipped_policy_loss_broadcasts_sequence_advantages_and_aggregates() -> 
     # sequence mean: rows with tokens -> mean(-2, 1) = -0.5 (the empty row is not counted)
     token_mean = alg.clipped_policy_loss(logprobs, logprobs, advantages, mask)
     sequence_mean = alg.clipped_policy_loss(
-        logprobs, logprobs, advantages, mask, aggregation="sequence_mean"
+        logprobs, logprobs, advantages, mask, aggregation="sequence-mean-token-mean"
     )
     close(token_mean.loss, -1.0)
     close(sequence_mean.loss, -0.5)
