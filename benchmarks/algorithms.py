@@ -2,9 +2,9 @@
 registers, and the DAPO and Dr. GRPO recipes, trained on the tiny target-token task.
 
 Each run is `rlhfjob train` on `examples/grpo-tiny-cpu.yaml` (PPO: `examples/ppo-tiny-cpu.yaml`)
-with the run's `algorithm` fields laid over the example's, one trainer rank and one rollout
-engine (fewer processes on a small machine; the placements are `learn.py`'s subject), and its
-checkpoints and step log in a scratch directory. The result holds per run the spec fields,
+with `COMMON` and the run's `algorithm` fields laid over the example's, one trainer rank and one
+rollout engine (fewer processes on a small machine; the placements are `learn.py`'s subject),
+and its checkpoints and step log in a scratch directory. The result holds per run the spec fields,
 `steps`, the reward curve, `final_reward_fraction` (the mean reward of the last step / the
 task's maximum) and wall times; at top level the lowest fraction and the command.
 
@@ -62,6 +62,12 @@ RUNS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Per run: the example it starts from and the `algorithm` fields it sets."""
 
+COMMON: dict[str, Any] = {"updateEpochs": 2, "stopTokenIds": [2]}
+"""Laid over the GRPO example in every run, so that the runs differ where the algorithms do: a
+second pass over each batch is off-policy (the ratios leave 1 and the clipping acts), and
+responses that stop at token 2 differ in length (so do the aggregations). The PPO example
+already makes two passes."""
+
 
 class RunFailedError(Exception):
     """`rlhfjob train` exited with an error (the message is its output's tail)."""
@@ -72,7 +78,7 @@ def job_document(example: str, algorithm: dict[str, Any], scratch: Path) -> dict
     under `scratch`."""
     document = yaml.safe_load((REPO / example).read_text())
     spec = document["spec"]
-    spec["algorithm"].update(algorithm)
+    spec["algorithm"].update({**(COMMON if example == GRPO_EXAMPLE else {}), **algorithm})
     spec["roles"]["trainer"]["replicas"] = spec["roles"]["rollout"]["replicas"] = 1
     spec["checkpoint"]["path"] = str(scratch / "checkpoints")
     return document

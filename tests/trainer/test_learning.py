@@ -71,6 +71,9 @@ def test_gspo_with_dapos_dynamic_sampling_and_overlong_shaping_learns(tmp_path):
     document = yaml.safe_load((REPO / "examples" / "grpo-tiny-cpu.yaml").read_text())
     spec = document["spec"]
     spec["algorithm"].update(
+        totalSteps=20,
+        updateEpochs=2,  # the second pass is off-policy: the sequence ratio leaves 1
+        stopTokenIds=[2],  # responses of several lengths: the aggregation and the penalty act
         policyLoss="gspo",
         clipRangeLow=3e-4,
         clipRangeHigh=4e-4,
@@ -91,6 +94,7 @@ def test_gspo_with_dapos_dynamic_sampling_and_overlong_shaping_learns(tmp_path):
     assert rewards[0] < 0.15 and rewards[-1] >= 0.9, rewards  # the task's reward, unshaped
     assert sum(record["dropped_groups"] for record in records) > 0
     assert max(record["generation_batches"] for record in records) == 2
+    assert any(record["policy_clip_fraction"] > 0 for record in records)
 
 
 PROMPTS = ["what is two plus two", "hello world", "a b c d e", "the answer is"]
