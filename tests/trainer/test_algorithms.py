@@ -442,8 +442,12 @@ def test_clipped_policy_loss_broadcasts_sequence_advantages_and_aggregates() -> 
     sequence_mean = alg.clipped_policy_loss(
         logprobs, logprobs, advantages, mask, aggregation="sequence-mean-token-mean"
     )
+    former_name = alg.clipped_policy_loss(  # the name from before issue 26 still works
+        logprobs, logprobs, advantages, mask, aggregation="sequence_mean"
+    )
     close(token_mean.loss, -1.0)
     close(sequence_mean.loss, -0.5)
+    close(former_name.loss, -0.5)
     close(token_mean.clip_fraction, 0.0)
 
 

@@ -19,9 +19,16 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from rlhfjob.api.algorithm import LossAggregationName as LossAggregation
+from rlhfjob.api.algorithm import LossAggregationName
 
 KLEstimator = Literal["k1", "k3"]
+LossAggregation = LossAggregationName | Literal["token_mean", "sequence_mean"]
+"""The API's aggregation names; the two spellings from before them (``token_mean``,
+``sequence_mean``: token-mean and sequence-mean-token-mean) are still accepted."""
+_FORMER_NAMES: dict[str, LossAggregationName] = {
+    "token_mean": "token-mean",
+    "sequence_mean": "sequence-mean-token-mean",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,7 +437,7 @@ def loss_units(mask: Tensor, aggregation: LossAggregation) -> Tensor:
     with a token otherwise. A step's loss is a sum of micro-batch losses each weighted by its
     share of the step's units, which is the aggregation over the whole step."""
     weights = mask.to(torch.float32)
-    if aggregation == "token-mean":
+    if _FORMER_NAMES.get(aggregation, aggregation) == "token-mean":
         return weights.sum()
     return (weights.sum(dim=-1) > 0).to(torch.float32).sum()
 
@@ -451,6 +458,7 @@ def aggregate_loss(
 
     Sequences without a masked-in token count for nothing (they are padding).
     """
+    aggregation = _FORMER_NAMES.get(aggregation, aggregation)
     weights = mask.to(per_token.dtype)
     if aggregation == "token-mean":
         return masked_mean(per_token, weights)
