@@ -312,11 +312,6 @@ class AlgorithmSpec(ApiModel):
     )
 
     @property
-    def samples_per_prompt(self) -> int:
-        """Responses sampled per prompt: `groupSize`, or one for an estimator without groups."""
-        return self.group_size if ADVANTAGE_ESTIMATORS[self.name].samples_groups else 1
-
-    @property
     def clip_bounds(self) -> tuple[float, float]:
         """``(low, high)`` clipping epsilons: clipRangeLow / clipRangeHigh, else clipRange."""
         low = self.clip_range if self.clip_range_low is None else self.clip_range_low
