@@ -91,6 +91,10 @@ def progress_line(record: dict[str, Any], total_steps: int) -> str:
         parts.append(f"loss {record['policy_loss']:+.4f}")
     if record.get("value_loss") is not None:
         parts.append(f"value loss {record['value_loss']:.4f}")
+    if record.get("dropped_groups"):  # dynamic sampling
+        parts.append(
+            f"{record['dropped_groups']} groups dropped in {record['generation_batches']} rollouts"
+        )
     slowest = sorted(record.get("phase_seconds", {}).items(), key=lambda item: -item[1])[:3]
     breakdown = ", ".join(f"{name} {seconds:.2f}" for name, seconds in slowest)
     parts.append(f"{record['step_seconds']:.2f} s ({breakdown})")
@@ -115,6 +119,8 @@ class SampledStep:
     rollout: Rollout
     rewards: Tensor
     task_rewards: Tensor
+    reward_components: dict[str, float]
+    """Each reward part's mean over every sampled response (rollouts are of equal size)."""
     report: dict[str, int]
 
 
@@ -358,7 +364,7 @@ class Trainer:
             policy=policy_metrics,
             critic=critic_metrics,
             version_lag=version_lag,
-            reward_components=dict(self.inputs.reward.last_breakdown),
+            reward_components=sampled.reward_components,
             sampling=sampled.report,
         )
 
@@ -375,6 +381,7 @@ class Trainer:
         rollouts: list[Rollout] = []
         task_rewards: list[Tensor] = []
         rewards: list[Tensor] = []
+        breakdowns: list[dict[str, float]] = []
         with_signal = 0
         for index in range(dynamic.max_generation_batches if dynamic else 1):
             rollout = self._generate(step, index)
@@ -386,9 +393,10 @@ class Trainer:
                 )
             rollouts.append(rollout)
             task_rewards.append(scored)
+            breakdowns.append(dict(self.inputs.reward.last_breakdown))
             rewards.append(shaped_rewards(scored, rollout, algorithm))
             if dynamic is None:
-                return SampledStep(rollout, rewards[0], scored, {})
+                return SampledStep(rollout, rewards[0], scored, breakdowns[0], {})
             with_signal += int(groups_with_signal(rewards[-1], group_size).sum())
             if with_signal >= algorithm.prompts_per_step:
                 break
@@ -405,6 +413,7 @@ class Trainer:
             Rollout.concatenate(rollouts).groups(groups, group_size),
             every_reward[rows],
             torch.cat(task_rewards),
+            {name: sum(b[name] for b in breakdowns) / len(breakdowns) for name in breakdowns[0]},
             report,
         )
 
