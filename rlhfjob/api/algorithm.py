@@ -132,6 +132,11 @@ def grouped_estimators() -> tuple[str, ...]:
     return tuple(name for name, c in ADVANTAGE_ESTIMATORS.items() if c.samples_groups)
 
 
+def ungrouped_estimators() -> tuple[str, ...]:
+    """Estimators that sample one response per prompt."""
+    return tuple(name for name, c in ADVANTAGE_ESTIMATORS.items() if not c.samples_groups)
+
+
 def group_relative_estimators() -> tuple[str, ...]:
     """Estimators whose baseline is the rest of a group (`groupSize` >= 2)."""
     return tuple(name for name, c in ADVANTAGE_ESTIMATORS.items() if c.needs_group)
@@ -287,7 +292,7 @@ class AlgorithmSpec(ApiModel):
             "self.microBatchSize <= self.promptsPerStep"
             f" * ({cel_in('self.name', grouped_estimators())} ? self.groupSize : 1)",
             "microBatchSize must not exceed the sequences of a step (promptsPerStep x "
-            f"groupSize; {_listing(tuple(set(ESTIMATOR_NAMES) - set(grouped_estimators())))}:"
+            f"groupSize; {_listing(ungrouped_estimators())}:"
             " promptsPerStep)",
             ".microBatchSize",
         ),
