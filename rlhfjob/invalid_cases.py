@@ -64,7 +64,38 @@ INVALID_CASES: list[InvalidCase] = [
         "grpo-group-of-one",
         _spec(algorithm={"groupSize": 1}),
         "spec.algorithm.groupSize",
-        "grpo needs groupSize >= 2",
+        "grpo, rloo and reinforce-plus-plus-baseline need groupSize >= 2",
+    ),
+    InvalidCase(
+        "rloo-group-of-one",
+        _spec(algorithm={"name": "rloo", "groupSize": 1}),
+        "spec.algorithm.groupSize",
+        "grpo, rloo and reinforce-plus-plus-baseline need groupSize >= 2",
+    ),
+    InvalidCase(
+        "policy-loss-unknown", _spec(algorithm={"policyLoss": "cispo"}), "spec.algorithm.policyLoss"
+    ),
+    InvalidCase(
+        "loss-aggregation-unknown",
+        _spec(algorithm={"lossAggregation": "seq-mean"}),
+        "spec.algorithm.lossAggregation",
+    ),
+    InvalidCase(
+        "clip-range-low-above-one",
+        _spec(algorithm={"clipRangeLow": 1.5}),
+        "spec.algorithm.clipRangeLow",
+    ),
+    InvalidCase(
+        "dynamic-sampling-without-groups",
+        _spec(algorithm={"name": "ppo", "dynamicSampling": {}}, roles={"critic": {}}),
+        "spec.algorithm.dynamicSampling",
+        "dynamicSampling drops groups of equal rewards",
+    ),
+    InvalidCase(
+        "overlong-buffer-beyond-the-maximum",
+        _spec(algorithm={"maxResponseLength": 16, "overlongShaping": {"bufferLength": 17}}),
+        "spec.algorithm.overlongShaping.bufferLength",
+        "overlongShaping.bufferLength must not exceed maxResponseLength",
     ),
     InvalidCase("group-size-zero", _spec(algorithm={"groupSize": 0}), "spec.algorithm.groupSize"),
     InvalidCase(

@@ -7,6 +7,14 @@ config format. Field docstrings become the CRD's descriptions (`kubectl explain 
 
 from __future__ import annotations
 
+from rlhfjob.api.algorithm import (
+    ADVANTAGE_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    AlgorithmSpec,
+    DynamicSamplingSpec,
+    OverlongShapingSpec,
+)
 from rlhfjob.api.base import (
     API_VERSION,
     CHECKPOINT_VOLUME,
@@ -111,7 +119,6 @@ from rlhfjob.api.status import (
 )
 from rlhfjob.api.training import (
     POD_PLACES,
-    AlgorithmSpec,
     CheckpointSpec,
     DatasetSpec,
     LivenessSpec,
@@ -126,6 +133,7 @@ from rlhfjob.api.training import (
 )
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "API_VERSION",
     "CHECKPOINT_VOLUME",
     "COLOCATED",
@@ -154,6 +162,7 @@ __all__ = [
     "KUEUE_GROUP",
     "LABEL_KEYS_RULE",
     "LABEL_VALUE_PATTERN",
+    "LOSS_AGGREGATIONS",
     "MAX_NAME_LENGTH",
     "MAX_QUALIFIED_NAME_LENGTH",
     "MAX_RESTART_HISTORY",
@@ -163,6 +172,7 @@ __all__ = [
     "OPERATOR_VOLUMES",
     "PLURAL",
     "POD_PLACES",
+    "POLICY_LOSSES",
     "QUALIFIED_NAME_PATTERN",
     "QUANTITY_MAX_LENGTH",
     "QUANTITY_RULES",
@@ -186,6 +196,7 @@ __all__ = [
     "Condition",
     "ConditionType",
     "DatasetSpec",
+    "DynamicSamplingSpec",
     "ElasticRoleSpec",
     "EnvFromSource",
     "EnvName",
@@ -204,6 +215,7 @@ __all__ = [
     "ObjectName",
     "ObjectRef",
     "ObjectStoreSpec",
+    "OverlongShapingSpec",
     "Phase",
     "PodAnnotations",
     "PodDefaults",

@@ -4,12 +4,13 @@ object store, recovery and liveness, and `RLHFJobSpec`, the spec as a whole.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
 )
 
+from rlhfjob.api.algorithm import AlgorithmSpec, cel_in, critic_estimators
 from rlhfjob.api.base import (
     DNS_SUBDOMAIN_PATTERN,
     HTTP_URL_PATTERN,
@@ -49,102 +50,6 @@ class ModelSpec(ApiModel):
             "has(self.policy) != has(self.randomInit)",
             "set exactly one of policy and randomInit",
             ".policy",
-        ),
-    )
-
-
-class AlgorithmSpec(ApiModel):
-    """GRPO or PPO and their hyper-parameters."""
-
-    name: Literal["grpo", "ppo"] = "grpo"
-    """GRPO (group-relative advantages, no critic) or PPO (GAE over a critic's values)."""
-    group_size: int = Field(default=8, ge=1, le=1024)
-    """Responses sampled per prompt (GRPO normalises rewards within each group)."""
-    prompts_per_step: int = Field(default=32, ge=1, le=65536)
-    """Prompts per training step (rollout batch = promptsPerStep x groupSize)."""
-    micro_batch_size: int = Field(default=4, ge=1, le=4096)
-    """Sequences per forward/backward per trainer rank (gradient accumulation covers the rest)."""
-    update_epochs: int = Field(default=1, ge=1, le=64)
-    """Passes over each rollout batch."""
-    total_steps: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    """Training steps (a rollout batch and its update each); set this or epochs."""
-    epochs: int | None = Field(default=None, ge=1, le=1_000_000)
-    """Passes over the prompt dataset; set this or totalSteps."""
-    max_prompt_length: int = Field(default=512, ge=1, le=1048576)
-    """Prompt tokens at most (after the chat template); see dataset.overlongPrompts."""
-    max_response_length: int = Field(default=512, ge=1, le=1048576)
-    """Generated tokens at most per response."""
-    stop_at_eos: bool = True
-    """End a response at the tokenizer's end-of-sequence token (kept as its last token; when the
-    job has a tokenizer). Off: responses run to maxResponseLength unless stopTokenIds stop them."""
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
-    """More token ids that end a response (kept as its last token)."""
-    stop_strings: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
-        default_factory=list, max_length=16
-    )
-    """Text that ends a response: it ends with the token that completes the first occurrence
-    (needs a tokenizer)."""
-    temperature: float = Field(default=1.0, gt=0, le=10)
-    """Sampling temperature of the rollout; the log-probs and entropy are of the tempered
-    distribution."""
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    """Nucleus sampling: sample from the smallest set of tokens holding this probability."""
-    clip_range: float = Field(default=0.2, gt=0, le=10)
-    """PPO ratio clipping epsilon: the new-to-old policy ratio is clipped to
-    [1 - clipRange, 1 + clipRange]."""
-    value_clip_range: float | None = Field(default=0.2, gt=0)
-    """Critic value clipping (PPO): new values stay within this distance of the old ones;
-    unset disables it."""
-    kl_coef: float = Field(default=0.0, ge=0)
-    """Weight of the KL to the reference policy."""
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    """How the KL is estimated per token: k1 (log-ratio) or k3 (the unbiased, positive one)."""
-    kl_mode: Literal["reward", "loss"] = "loss"
-    """Apply KL as a per-token reward penalty or as a loss term."""
-    entropy_coef: float = Field(default=0.0, ge=0)
-    """Weight of the entropy bonus in the policy loss."""
-    gamma: float = Field(default=1.0, ge=0, le=1)
-    """GAE discount (PPO)."""
-    gae_lambda: float = Field(default=0.95, ge=0, le=1)
-    """GAE lambda (PPO)."""
-    scale_rewards: bool = True
-    """GRPO: divide group-centred rewards by the group's standard deviation."""
-    policy_learning_rate: float = Field(default=1e-6, gt=0, le=1)
-    """Peak learning rate of the policy's optimizer (AdamW)."""
-    critic_learning_rate: float = Field(default=5e-6, gt=0, le=1)
-    """Peak learning rate of the critic's optimizer (PPO)."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning-rate decay after the warm-up, over the run's optimizer steps."""
-    warmup_steps: int = Field(default=0, ge=0, le=1_000_000_000)
-    """Optimizer steps of linear warm-up from 0 to the peak learning rate."""
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    """Gradients are clipped to this global norm."""
-    seed: int = Field(default=0, ge=0)
-    """Seeds initialisation, the data order and sampling, so a resumed run repeats the
-    uninterrupted one."""
-
-    cel_rules = (
-        CelRule(
-            "has(self.totalSteps) != has(self.epochs)",
-            "set exactly one of totalSteps and epochs",
-            ".totalSteps",
-        ),
-        CelRule(
-            "self.name != 'grpo' || self.groupSize >= 2",
-            "grpo needs groupSize >= 2 (advantages are relative within a group)",
-            ".groupSize",
-        ),
-        CelRule(
-            "self.microBatchSize"
-            " <= self.promptsPerStep * (self.name == 'grpo' ? self.groupSize : 1)",
-            "microBatchSize must not exceed the sequences of a step (grpo: promptsPerStep x "
-            "groupSize, ppo: promptsPerStep)",
-            ".microBatchSize",
-        ),
-        CelRule(
-            "!has(self.totalSteps) || self.warmupSteps < self.totalSteps * self.updateEpochs",
-            "warmupSteps must be fewer than the run's optimizer steps (totalSteps x updateEpochs)",
-            ".warmupSteps",
         ),
     )
 
@@ -520,8 +425,8 @@ class RLHFJobSpec(ApiModel):
 
     cel_rules = (
         CelRule(
-            "self.algorithm.name != 'ppo' || has(self.roles.critic)",
-            "ppo needs roles.critic",
+            f"!({cel_in('self.algorithm.name', critic_estimators())}) || has(self.roles.critic)",
+            f"{' and '.join(critic_estimators())} needs roles.critic",
             ".roles",
         ),
         CelRule(

@@ -154,6 +154,26 @@ def test_fused_next_token_logprobs_and_entropy_of_an_impossible_token() -> None:
     assert torch.isfinite(grad).all()
 
 
+@pytest.mark.parametrize("entropy_weight", [1.5, -3.0, 1e6])
+def test_fused_backward_at_an_impossible_token_is_finite_for_any_entropy_gradient(
+    entropy_weight: float,
+) -> None:
+    # log p of a -inf logit is clamped to float32's minimum (-3.4e38); scaled by an incoming
+    # entropy gradient above 1 before being multiplied by p = 0, it overflowed to -inf and
+    # 0 * inf made the whole row's gradient NaN. p log p is 0 there: multiply by p first.
+    logits = torch.tensor([[[0.0, 1.0, float("-inf")], [0.0, 0.0, 0.0]]], requires_grad=True)
+    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    (grad,) = torch.autograd.grad(logprobs.sum() + entropy_weight * entropy.sum(), logits)
+    assert torch.isfinite(grad).all(), grad
+    assert grad[0, 0, 2] == 0  # an impossible token gets no gradient
+    # The finite entries equal the unfused form's on the two possible tokens.
+    finite = logits.detach()[:, :1, :2].clone().requires_grad_(True)
+    log_p = torch.log_softmax(finite, dim=-1)
+    objective = log_p[0, 0, 1] - entropy_weight * (log_p.exp() * log_p).sum()
+    (expected,) = torch.autograd.grad(objective, finite)
+    torch.testing.assert_close(grad[:, :1, :2], expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk_elements", [1 << 28, 40])  # one chunk; one row per chunk
 def test_fused_next_token_logprobs_and_entropy_equal_the_unfused_forms_and_gradients(
@@ -420,10 +440,14 @@ def test_clipped_policy_loss_broadcasts_sequence_advantages_and_aggregates() -> 
     # sequence mean: rows with tokens -> mean(-2, 1) = -0.5 (the empty row is not counted)
     token_mean = alg.clipped_policy_loss(logprobs, logprobs, advantages, mask)
     sequence_mean = alg.clipped_policy_loss(
+        logprobs, logprobs, advantages, mask, aggregation="sequence-mean-token-mean"
+    )
+    former_name = alg.clipped_policy_loss(  # the name from before issue 26 still works
         logprobs, logprobs, advantages, mask, aggregation="sequence_mean"
     )
     close(token_mean.loss, -1.0)
     close(sequence_mean.loss, -0.5)
+    close(former_name.loss, -0.5)
     close(token_mean.clip_fraction, 0.0)
 
 

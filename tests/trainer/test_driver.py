@@ -87,6 +87,8 @@ def test_the_progress_line_shows_step_reward_kl_and_time():
         "step  7/40 | reward 0.500 ±0.250 | kl 0.0100 | loss -0.0020 | "
         "1.50 s (update 1.00, generate 0.20, sync 0.10)"
     )
+    sampled = {**record, "dropped_groups": 3, "generation_batches": 2}  # dynamic sampling
+    assert "| 3 groups dropped in 2 rollouts |" in progress_line(sampled, 40)
 
 
 def test_a_job_whose_reward_function_is_missing_fails_as_non_retryable(tmp_path, capsys):

@@ -63,6 +63,40 @@ def test_the_tiny_example_learns_its_task(example, tmp_path):
     assert (run_dir / "reward_curve.png").is_file()
 
 
+def test_gspo_with_dapos_dynamic_sampling_and_overlong_shaping_learns(tmp_path):
+    """The new loss path end to end, on one trainer rank and one engine: GSPO's sequence ratio
+    and its sequence-mean aggregation (weighted by sequences across micro-batches), clip-higher,
+    dynamic sampling's refills and the overlong penalty. Every algorithm's own run is
+    `benchmarks/algorithms.py`."""
+    document = yaml.safe_load((REPO / "examples" / "grpo-tiny-cpu.yaml").read_text())
+    spec = document["spec"]
+    spec["algorithm"].update(
+        totalSteps=20,
+        updateEpochs=2,  # the second pass is off-policy: the sequence ratio leaves 1
+        stopTokenIds=[2],  # responses of several lengths: the aggregation and the penalty act
+        policyLoss="gspo",
+        clipRangeLow=3e-4,
+        clipRangeHigh=4e-4,
+        dynamicSampling={"maxGenerationBatches": 2},
+        overlongShaping={"bufferLength": 2, "penalty": 0.1},
+    )
+    spec["roles"]["trainer"]["replicas"] = spec["roles"]["rollout"]["replicas"] = 1
+    spec["checkpoint"]["path"] = str(tmp_path / "checkpoints")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(document))
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(tmp_path / "job.yaml")],
+        capture_output=True, text=True, timeout=1200, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    records = read_step_log(tmp_path / "checkpoints" / "default" / "grpo-tiny" / "metrics.jsonl")
+    rewards = [record["reward_mean"] for record in records]
+    assert rewards[0] < 0.15 and rewards[-1] >= 0.9, rewards  # the task's reward, unshaped
+    assert sum(record["dropped_groups"] for record in records) > 0
+    assert max(record["generation_batches"] for record in records) == 2
+    assert any(record["policy_clip_fraction"] > 0 for record in records)
+
+
 PROMPTS = ["what is two plus two", "hello world", "a b c d e", "the answer is"]
 
 

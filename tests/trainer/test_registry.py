@@ -10,10 +10,24 @@ import pytest
 
 pytest.importorskip("torch")
 
+import torch
+
+from rlhf_trainer import algorithms as alg
 from rlhf_trainer.experience import ESTIMATORS
+from rlhf_trainer.losses import POLICY_LOSSES
 from rlhf_trainer.registry import Registry, UnknownNameError
 from rlhf_trainer.startup import REWARD_SOURCES, NonRetryableError, build_reward, load_inputs
-from rlhfjob.api import AlgorithmSpec, RewardComponentSpec, RewardSourceSpec, RewardSpec
+from rlhfjob.api import (
+    ADVANTAGE_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    AlgorithmSpec,
+    RewardComponentSpec,
+    RewardSourceSpec,
+    RewardSpec,
+)
+from rlhfjob.api import (
+    POLICY_LOSSES as API_POLICY_LOSSES,
+)
 from rlhfjob.config import load_job
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
@@ -24,7 +38,22 @@ def choices(model: type, field: str) -> set[str]:
 
 
 def test_every_algorithm_the_api_offers_has_an_estimator_and_no_other() -> None:
-    assert set(ESTIMATORS) == choices(AlgorithmSpec, "name")
+    assert set(ESTIMATORS) == choices(AlgorithmSpec, "name") == set(ADVANTAGE_ESTIMATORS)
+    for name in ESTIMATORS:  # what the driver asks of an estimator is what the API declares
+        assert ESTIMATORS[name].uses_critic == ADVANTAGE_ESTIMATORS[name].uses_critic
+
+
+def test_every_policy_loss_the_api_offers_is_registered_and_no_other() -> None:
+    assert set(POLICY_LOSSES) == choices(AlgorithmSpec, "policy_loss") == set(API_POLICY_LOSSES)
+
+
+def test_every_loss_aggregation_the_api_offers_is_implemented() -> None:
+    offered = {name for name in get_args(AlgorithmSpec.model_fields["loss_aggregation"].annotation)
+               for name in get_args(name)}  # fmt: skip
+    assert offered == set(LOSS_AGGREGATIONS)
+    per_token, mask = torch.ones(2, 3), torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    for name in offered:
+        assert alg.aggregate_loss(per_token, mask, name, normaliser=2.0) > 0, name
 
 
 def test_every_reward_source_type_the_api_offers_has_a_scorer_and_no_other() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlhf_trainer.seeds import derive_seed, mix, step_seed
+from rlhf_trainer.seeds import derive_seed, generation_seed, mix, step_seed
 
 
 def test_derived_seeds_keep_their_values() -> None:
@@ -25,3 +25,11 @@ def test_both_helpers_are_mix_of_their_parts() -> None:
     assert derive_seed(42, 3) == mix(42, 3)
     assert step_seed(42, 3) == mix("rlhf-step", 42, 3)
     assert 0 <= mix("anything", 1, 2.5) < 2**62
+
+
+def test_a_steps_first_rollout_keeps_the_step_seed_and_the_others_are_pinned() -> None:
+    # Dynamic sampling's extra rollouts of a step: the first is the step's own sampling, so a
+    # job without dynamic sampling samples what it always did.
+    assert generation_seed(42, 3, 0) == step_seed(42, 3)
+    assert generation_seed(42, 3, 1) == mix("rlhf-step", 42, 3, "batch", 1)
+    assert generation_seed(42, 3, 1) == 3864085508742287071

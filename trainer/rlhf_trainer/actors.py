@@ -36,6 +36,7 @@ from rlhf_trainer import weight_sync as ws
 from rlhf_trainer.adoption import spec_digest, spec_json
 from rlhf_trainer.batch import Batch, ShardPlan
 from rlhf_trainer.colocated import ColocatedEngine
+from rlhf_trainer.losses import PolicyObjective
 from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
 from rlhf_trainer.rollout import Completion, SamplingParams
 from rlhf_trainer.topology import role_ranks, rollout_rows
@@ -326,13 +327,13 @@ class PolicyWorker(ZeroWorker):
 
         Needs fields ``old_logprobs`` and ``advantages`` (and ``ref_logprobs`` for a KL loss).
         Each micro-batch's loss is scaled so that the accumulated, rank-averaged gradient is
-        that of a token-level mean over the *whole* batch, however rows fall into shards.
+        that of the spec's aggregation (a token mean by default) over the *whole* batch,
+        however rows fall into shards (`losses.PolicyObjective`).
         """
         algorithm = self.spec.algorithm
         shard = self._shard(batch)
-        total_tokens = batch.num_action_tokens
-        kl_in_loss = algorithm.kl_mode == "loss" and algorithm.kl_coef > 0
-        scale = self.plan.loss_scale(total_tokens)
+        objective = PolicyObjective(algorithm)
+        scale = self.plan.loss_scale(objective.units(batch.action_mask))
 
         self._for_training()
         self.engine.train()
@@ -348,35 +349,10 @@ class PolicyWorker(ZeroWorker):
                     logits, micro.input_ids, algorithm.temperature
                 )
                 del logits  # the fused loss keeps what its backward pass needs
-                mask = micro.action_mask
-                policy = alg.clipped_policy_loss(
-                    logprobs,
-                    micro.fields["old_logprobs"],
-                    micro.fields["advantages"],
-                    mask,
-                    clip_range=algorithm.clip_range,
-                )
-                loss = policy.loss
-                terms = {
-                    "policy_loss": policy.loss,
-                    "clip_fraction": policy.clip_fraction,
-                    "approx_kl": policy.approx_kl,
-                }
-                if kl_in_loss:
-                    kl = alg.kl_loss(
-                        logprobs, micro.fields["ref_logprobs"], mask, algorithm.kl_estimator
-                    )
-                    loss = loss + algorithm.kl_coef * kl
-                    terms["kl_loss"] = kl
-                entropy = alg.masked_mean(
-                    entropies if algorithm.entropy_coef > 0 else entropies.detach(), mask
-                )
-                if algorithm.entropy_coef > 0:
-                    loss = loss - algorithm.entropy_coef * entropy
-                terms["entropy"] = entropy
-                self.engine.backward(loss * tokens * scale)
+                micro_loss = objective(logprobs, entropies, micro.fields, micro.action_mask)
+                self.engine.backward(micro_loss.loss * micro_loss.units * scale)
                 self.engine.step()
-                for name, value in terms.items():
+                for name, value in micro_loss.terms.items():
                     sums[name] = sums.get(name, 0.0) + float(value.detach()) * tokens
             grad_norms.append(float(self.engine.get_global_grad_norm() or 0.0))
         tokens_seen = float(shard.num_action_tokens * algorithm.update_epochs)

@@ -19,8 +19,16 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from rlhfjob.api.algorithm import LossAggregationName
+
 KLEstimator = Literal["k1", "k3"]
-LossAggregation = Literal["token_mean", "sequence_mean"]
+LossAggregation = LossAggregationName | Literal["token_mean", "sequence_mean"]
+"""The API's aggregation names; the two spellings from before them (``token_mean``,
+``sequence_mean``: token-mean and sequence-mean-token-mean) are still accepted."""
+_FORMER_NAMES: dict[str, LossAggregationName] = {
+    "token_mean": "token-mean",
+    "sequence_mean": "sequence-mean-token-mean",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,16 +224,19 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         for rows in _chunks(scores, ctx.chunk_elements):  # type: ignore[attr-defined]
             log_p = _log_softmax_(_scaled(scores[rows], temperature), lse[rows])
             p = log_p.exp()
-            # d/dx = -p * (g_y + g_H (log p + H)) + onehot(y) g_y, built in place in log_p.
+            # d/dx = -(g_H p (log p + H) + g_y p) + onehot(y) g_y, built in place in log_p.
+            # p multiplies before g_H does: log p of an impossible token is clamped to the
+            # dtype's minimum, and scaled by |g_H| > 1 first it would overflow to inf, and
+            # 0 * inf is NaN; p (log p + H) is exactly 0 there.
             if grad_entropy is not None:
                 g_h = grad_entropy[rows].to(log_p.dtype).unsqueeze(-1)
-                dx = log_p.add_(entropy[rows].unsqueeze(-1)).mul_(g_h)
+                dx = log_p.add_(entropy[rows].unsqueeze(-1)).mul_(p).mul_(g_h)
             else:
                 dx = log_p.zero_()
             if grad_chosen is not None:
                 g_y = grad_chosen[rows].to(log_p.dtype).unsqueeze(-1)
-                dx.add_(g_y)
-            dx.mul_(p).neg_()
+                dx.addcmul_(p, g_y)
+            dx.neg_()
             if grad_chosen is not None:
                 dx.scatter_add_(-1, targets[rows], g_y)
             if temperature != 1.0:
@@ -317,6 +328,69 @@ def grpo_advantages(
     return centered.masked_fill(no_signal, 0.0).view(-1)
 
 
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """RLOO's leave-one-out advantages, one per sequence: a sample's reward minus the mean of
+    the other ``group_size - 1`` rewards of its group, ``n / (n - 1) * (r - mean)``.
+
+    Layout as `grpo_advantages`; a group of equal rewards gets exactly 0.
+    """
+    if group_size < 2:
+        raise ValueError(f"RLOO needs group_size >= 2 (a baseline of the others), got {group_size}")
+    centred = grpo_advantages(rewards, group_size, scale_by_std=False)
+    return centred * (group_size / (group_size - 1))
+
+
+@torch.no_grad()
+def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """``G_t = r_t + gamma * G_{t+1}`` over each row's masked-in tokens (0 elsewhere).
+
+    Like `gae_advantages`, the mask marks one contiguous run of response tokens per row; a
+    masked-out position neither earns nor passes on a return.
+    """
+    weights = mask.to(torch.float32)
+    rewards = zero_masked_out(token_rewards.float(), weights)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[..., 0])
+    for t in reversed(range(rewards.shape[-1])):
+        running = (rewards[..., t] + gamma * running) * weights[..., t]
+        returns[..., t] = running
+    return returns
+
+
+@torch.no_grad()
+def reinforce_plus_plus_advantages(
+    token_rewards: Tensor, mask: Tensor, gamma: float
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: ``(advantages, returns)``, the discounted returns of the token rewards,
+    whitened over every masked-in token of the batch (the global normalisation that replaces
+    a critic's baseline). Both ``[B, T]``, 0 where masked out."""
+    returns = discounted_returns(token_rewards, mask, gamma)
+    return masked_whiten(returns, mask), returns
+
+
+def groups_with_signal(rewards: Tensor, group_size: int) -> Tensor:
+    """``[B / group_size]`` booleans: whether a group's rewards differ (DAPO's dynamic sampling
+    keeps these; a group of equal rewards has no advantage to learn from)."""
+    grouped = rewards.view(-1, group_size)
+    return (grouped != grouped[:, :1]).any(dim=1)
+
+
+def overlong_penalty(
+    response_lengths: Tensor, max_length: int, buffer_length: int, penalty: float = 1.0
+) -> Tensor:
+    """DAPO's soft overlong punishment, per response (0 or negative, added to the reward).
+
+    A response longer than ``max_length - buffer_length`` loses ``penalty`` times the share of
+    the buffer it runs into: ``-penalty * min(L - (max_length - buffer_length), buffer_length)
+    / buffer_length``, so ``-penalty`` at ``max_length`` and beyond.
+    """
+    if not 0 < buffer_length <= max_length:
+        raise ValueError(f"buffer_length must be in 1..{max_length}, got {buffer_length}")
+    start = max_length - buffer_length
+    excess = (response_lengths.float() - start).clamp(min=0.0, max=float(buffer_length))
+    return -penalty * excess / buffer_length
+
+
 @torch.no_grad()
 def gae_advantages(
     token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
@@ -358,6 +432,120 @@ def gae_advantages(
 # --------------------------------------------------------------------------------------------
 
 
+def loss_units(mask: Tensor, aggregation: LossAggregation) -> Tensor:
+    """What `aggregate_loss` averages over in ``mask``: tokens for ``token-mean``, sequences
+    with a token otherwise. A step's loss is a sum of micro-batch losses each weighted by its
+    share of the step's units, which is the aggregation over the whole step."""
+    weights = mask.to(torch.float32)
+    if _FORMER_NAMES.get(aggregation, aggregation) == "token-mean":
+        return weights.sum()
+    return (weights.sum(dim=-1) > 0).to(torch.float32).sum()
+
+
+def aggregate_loss(
+    per_token: Tensor,
+    mask: Tensor,
+    aggregation: LossAggregation,
+    normaliser: float | None = None,
+) -> Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar, a mean over `loss_units`.
+
+    * ``token-mean``: every token weighs the same (long responses count more).
+    * ``sequence-mean-token-mean``: the mean within each sequence, then across sequences.
+    * ``sequence-mean-token-sum``: the sum within each sequence, then the mean across them.
+    * ``constant-normaliser``: the sum over all tokens / (sequences x `normaliser`), the
+      maximum response length (Dr. GRPO): no sequence's length changes its tokens' weight.
+
+    Sequences without a masked-in token count for nothing (they are padding).
+    """
+    aggregation = _FORMER_NAMES.get(aggregation, aggregation)
+    weights = mask.to(per_token.dtype)
+    if aggregation == "token-mean":
+        return masked_mean(per_token, weights)
+    has_tokens = (weights.sum(dim=-1) > 0).to(per_token.dtype)
+    if aggregation == "sequence-mean-token-mean":
+        return masked_mean(masked_mean(per_token, weights, dim=-1), has_tokens)
+    if aggregation == "sequence-mean-token-sum":
+        return masked_mean(masked_sum(per_token, weights, dim=-1), has_tokens)
+    if aggregation == "constant-normaliser":
+        if normaliser is None or normaliser <= 0:
+            raise ValueError("constant-normaliser needs a positive normaliser (the max length)")
+        return masked_sum(per_token, weights) / (has_tokens.sum().clamp(min=1.0) * normaliser)
+    raise ValueError(f"unknown loss aggregation {aggregation!r}")
+
+
+class SurrogateTerms(NamedTuple):
+    """A policy loss per token, with the diagnostics worth logging each step."""
+
+    per_token: Tensor
+    """``[B, T]`` loss to aggregate (only masked-in positions count)."""
+    clip_fraction: Tensor
+    """Share of masked-in tokens where the clipped term was the active one."""
+    approx_kl: Tensor
+    """Mean k3 estimate of KL(old || new) over masked-in tokens: how far this update moved."""
+
+
+def _per_token_advantages(advantages: Tensor, logprobs: Tensor) -> Tensor:
+    """``[B, T]`` advantages: per-sequence ``[B]`` ones broadcast over the tokens."""
+    return advantages.unsqueeze(-1) if advantages.dim() == logprobs.dim() - 1 else advantages
+
+
+def _clip_surrogate(
+    ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask: Tensor, low: float, high: float
+) -> SurrogateTerms:
+    """``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))`` per token, and diagnostics."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    per_token = torch.maximum(unclipped, clipped)
+    weights = mask.to(per_token.dtype)
+    with torch.no_grad():
+        clip_fraction = masked_mean((clipped > unclipped).to(per_token.dtype), weights)
+        approx_kl = masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, weights)
+    return SurrogateTerms(per_token, clip_fraction, approx_kl)
+
+
+def clipped_surrogate(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_range_low: float = 0.2,
+    clip_range_high: float = 0.2,
+) -> SurrogateTerms:
+    """PPO's clipped surrogate per token, on each token's ratio ``exp(logprobs - old)``; an
+    update never profits from moving the ratio outside ``[1 - low, 1 + high]``. A higher
+    upper side is DAPO's clip-higher. ``advantages`` is ``[B, T]`` or ``[B]`` (broadcast)."""
+    log_ratio = logprobs.float() - old_logprobs.float()
+    advantages = _per_token_advantages(advantages, logprobs)
+    return _clip_surrogate(
+        torch.exp(log_ratio), log_ratio, advantages, mask, clip_range_low, clip_range_high
+    )
+
+
+def gspo_surrogate(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_range_low: float = 0.2,
+    clip_range_high: float = 0.2,
+) -> SurrogateTerms:
+    """GSPO's clipped surrogate on the sequence-level ratio.
+
+    A sequence's ratio is the geometric mean of its tokens' ratios, ``s = exp(mean_t log_ratio)``,
+    clipped as a whole (so one token cannot leave the trust region alone). Per token the value
+    is ``s`` and the gradient is ``s * d log p_t`` (``s_t = sg[s] * p_t / sg[p_t]``), so with
+    ``sequence-mean-token-mean`` the loss is the paper's per-sequence objective.
+    """
+    log_ratio = logprobs.float() - old_logprobs.float()
+    weights = mask.to(log_ratio.dtype)
+    sequence_log_ratio = masked_mean(log_ratio, weights, dim=-1).detach().unsqueeze(-1)
+    token_logprobs = logprobs.float()
+    ratio = torch.exp(sequence_log_ratio + token_logprobs - token_logprobs.detach())
+    advantages = _per_token_advantages(advantages, logprobs)
+    return _clip_surrogate(ratio, log_ratio, advantages, mask, clip_range_low, clip_range_high)
+
+
 class PolicyLossResult(NamedTuple):
     """Clipped-surrogate loss plus the diagnostics worth logging each step."""
 
@@ -369,22 +557,6 @@ class PolicyLossResult(NamedTuple):
     """Mean k3 estimate of KL(old || new) over masked-in tokens: how far this update moved."""
 
 
-def _aggregate(per_token: Tensor, mask: Tensor, aggregation: LossAggregation) -> Tensor:
-    """Reduce a ``[B, T]`` per-token loss to a scalar.
-
-    ``token_mean`` weights every token equally (long responses count more); ``sequence_mean``
-    averages within each sequence first, then across sequences that have any token.
-    """
-    if aggregation == "token_mean":
-        return masked_mean(per_token, mask)
-    if aggregation == "sequence_mean":
-        weights = mask.to(per_token.dtype)
-        per_sequence = masked_mean(per_token, weights, dim=-1)
-        has_tokens = (weights.sum(dim=-1) > 0).to(per_token.dtype)
-        return masked_mean(per_sequence, has_tokens)
-    raise ValueError(f"unknown loss aggregation {aggregation!r}")
-
-
 def clipped_policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -392,31 +564,14 @@ def clipped_policy_loss(
     mask: Tensor,
     clip_range: float = 0.2,
     clip_range_high: float | None = None,
-    aggregation: LossAggregation = "token_mean",
+    aggregation: LossAggregation = "token-mean",
 ) -> PolicyLossResult:
-    """PPO clipped surrogate loss, used by both PPO and GRPO.
-
-    ``ratio = exp(logprobs - old_logprobs)``; per token the loss is
-    ``max(-A * ratio, -A * clip(ratio, 1 - clip_range, 1 + clip_range_high))``, so an update
-    never profits from moving the ratio outside the trust region. ``clip_range_high`` defaults
-    to ``clip_range`` (set it higher for DAPO's "clip-higher"). ``advantages`` is ``[B, T]``,
-    or ``[B]`` for one advantage per sequence (GRPO), broadcast over tokens.
-    """
-    if advantages.dim() == logprobs.dim() - 1:
-        advantages = advantages.unsqueeze(-1)
+    """PPO clipped surrogate loss (`clipped_surrogate`), aggregated: ``clip_range`` on both
+    sides unless ``clip_range_high`` sets the upper one."""
     upper = clip_range if clip_range_high is None else clip_range_high
-    log_ratio = logprobs.float() - old_logprobs.float()
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + upper)
-    per_token = torch.maximum(unclipped, clipped)
-
-    weights = mask.to(per_token.dtype)
-    loss = _aggregate(per_token, weights, aggregation)
-    with torch.no_grad():
-        clip_fraction = masked_mean((clipped > unclipped).to(per_token.dtype), weights)
-        approx_kl = masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, weights)
-    return PolicyLossResult(loss=loss, clip_fraction=clip_fraction, approx_kl=approx_kl)
+    terms = clipped_surrogate(logprobs, old_logprobs, advantages, mask, clip_range, upper)
+    loss = aggregate_loss(terms.per_token, mask, aggregation)
+    return PolicyLossResult(loss, terms.clip_fraction, terms.approx_kl)
 
 
 class ValueLossResult(NamedTuple):
@@ -432,7 +587,7 @@ def value_loss(
     returns: Tensor,
     mask: Tensor,
     clip_range: float | None = None,
-    aggregation: LossAggregation = "token_mean",
+    aggregation: LossAggregation = "token-mean",
 ) -> ValueLossResult:
     """Critic regression loss ``0.5 * (V - R)^2`` with optional PPO-style value clipping.
 
@@ -454,7 +609,7 @@ def value_loss(
         per_token = torch.maximum(unclipped, clipped)
         with torch.no_grad():
             clip_fraction = masked_mean((clipped > unclipped).to(unclipped.dtype), weights)
-    loss = 0.5 * _aggregate(per_token, weights, aggregation)
+    loss = 0.5 * aggregate_loss(per_token, weights, aggregation)
     return ValueLossResult(loss=loss, clip_fraction=clip_fraction)
 
 
@@ -463,11 +618,12 @@ def kl_loss(
     ref_logprobs: Tensor,
     mask: Tensor,
     estimator: KLEstimator = "k3",
-    aggregation: LossAggregation = "token_mean",
+    aggregation: LossAggregation = "token-mean",
+    normaliser: float | None = None,
 ) -> Tensor:
     """KL(policy || reference) as a loss term (GRPO adds ``beta * kl_loss`` to the policy loss).
 
     Gradients flow through ``logprobs`` only; ``ref_logprobs`` come from the frozen reference.
     """
     per_token = kl_estimate(logprobs, ref_logprobs.detach(), estimator)
-    return _aggregate(per_token, mask.to(per_token.dtype), aggregation)
+    return aggregate_loss(per_token, mask.to(per_token.dtype), aggregation, normaliser)

@@ -144,15 +144,16 @@ class ShardPlan:
     def padded_rows(self) -> int:
         return self.rows_per_rank * self.world_size
 
-    def loss_scale(self, total_tokens: int) -> float:
-        """The factor on each micro-batch's token-mean loss times its token count.
+    def loss_scale(self, total_units: float) -> float:
+        """The factor on each micro-batch's loss times its units (tokens for a token mean,
+        sequences for a sequence mean: `losses.PolicyObjective`).
 
         DeepSpeed divides every micro-batch's gradient by `accumulation_steps` and averages
-        the ranks' gradients; this factor undoes both and divides by the batch's tokens, so
-        the step's gradient is that of the token mean over the whole batch, whatever the
-        number of ranks or how the rows fall into shards.
+        the ranks' gradients; this factor undoes both and divides by the batch's units, so
+        the step's gradient is that of the mean over the whole batch, whatever the number of
+        ranks or how the rows fall into shards.
         """
-        return self.world_size * self.accumulation_steps / max(total_tokens, 1)
+        return self.world_size * self.accumulation_steps / max(total_units, 1)
 
     def shard(self, batch: Batch, rank: int) -> Batch:
         """Rank ``rank``'s contiguous share of the padded batch."""

@@ -1,8 +1,10 @@
 """Turning sampled completions and their rewards into a training batch (pure tensor code).
 
 The driver calls these between the remote phases of a step: flatten the engines' completions
-into rows, score them, then compute advantages. GRPO normalises each prompt's group of sequence
-rewards; PPO shapes token rewards with the KL penalty and runs GAE over the critic's values.
+into rows, score them, then compute advantages with the estimator `algorithm.name` chooses.
+Each estimator is one function registered with `@advantage_estimator(name)` next to its
+neighbours; the names, what each needs (groups, a critic) and the paper each follows are the
+API's (`rlhfjob.api.algorithm.ADVANTAGE_ESTIMATORS`), and a unit test holds the two equal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rlhf_trainer.data import PromptItem
 from rlhf_trainer.registry import Registry
 from rlhf_trainer.rollout import Completion
 from rlhfjob.api import AlgorithmSpec
+from rlhfjob.api.algorithm import ADVANTAGE_ESTIMATORS, EstimatorChoice
 
 
 @dataclass
@@ -37,6 +40,26 @@ class Rollout:
     def num_generated_tokens(self) -> int:
         return sum(len(response) for response in self.responses)
 
+    def groups(self, indices: Sequence[int], group_size: int) -> Rollout:
+        """The rows of the groups at `indices` (each `group_size` contiguous rows), in order."""
+        rows = [g * group_size + i for g in indices for i in range(group_size)]
+        return Rollout(
+            [self.prompts[r] for r in rows],
+            [self.responses[r] for r in rows],
+            [self.metadata[r] for r in rows],
+            [self.policy_versions[r] for r in rows],
+        )
+
+    @staticmethod
+    def concatenate(parts: Sequence[Rollout]) -> Rollout:
+        """The rows of `parts`, one after the other."""
+        return Rollout(
+            [row for part in parts for row in part.prompts],
+            [row for part in parts for row in part.responses],
+            [row for part in parts for row in part.metadata],
+            [row for part in parts for row in part.policy_versions],
+        )
+
 
 def flatten_completions(
     items: Sequence[PromptItem], completions: Sequence[Sequence[Completion]]
@@ -54,11 +77,36 @@ def flatten_completions(
     return rollout
 
 
+def choose_groups(signal: Sequence[bool], wanted: int) -> tuple[list[int], int]:
+    """Dynamic sampling's choice among the groups sampled in a step, given which have signal
+    (rewards not all equal): the first `wanted` with signal, filled up with the first without
+    when there are fewer. Returns the chosen groups in sampling order and how many fill."""
+    with_signal = [group for group, has in enumerate(signal) if has][:wanted]
+    filler = [group for group, has in enumerate(signal) if not has][: wanted - len(with_signal)]
+    return sorted(with_signal + filler), len(filler)
+
+
 def sequence_kl(
     logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: alg.KLEstimator
 ) -> Tensor:
     """Per-sequence KL(policy || reference): the per-token estimate summed over the response."""
     return alg.masked_sum(alg.kl_estimate(logprobs, ref_logprobs, estimator), mask, dim=-1)
+
+
+def kl_penalised_rewards(
+    rewards: Tensor,
+    algorithm: AlgorithmSpec,
+    logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+    mask: Tensor | None,
+) -> Tensor:
+    """Sequence rewards, less ``klCoef`` times each sequence's KL in reward mode."""
+    if algorithm.kl_mode == "reward" and algorithm.kl_coef > 0:
+        if logprobs is None or ref_logprobs is None or mask is None:
+            raise ValueError("KL in the reward needs log-probs, reference log-probs and a mask")
+        kl = sequence_kl(logprobs, ref_logprobs, mask, algorithm.kl_estimator)
+        rewards = rewards - algorithm.kl_coef * kl
+    return rewards
 
 
 def grpo_advantages(
@@ -70,12 +118,30 @@ def grpo_advantages(
     mask: Tensor | None = None,
 ) -> Tensor:
     """One advantage per row: group-normalised rewards, after the KL penalty in reward mode."""
-    if algorithm.kl_mode == "reward" and algorithm.kl_coef > 0:
-        if logprobs is None or ref_logprobs is None or mask is None:
-            raise ValueError("KL in the reward needs log-probs, reference log-probs and a mask")
-        kl = sequence_kl(logprobs, ref_logprobs, mask, algorithm.kl_estimator)
-        rewards = rewards - algorithm.kl_coef * kl
+    rewards = kl_penalised_rewards(rewards, algorithm, logprobs, ref_logprobs, mask)
     return alg.grpo_advantages(rewards, algorithm.group_size, algorithm.scale_rewards)
+
+
+def kl_shaped_token_rewards(
+    rewards: Tensor,
+    mask: Tensor,
+    algorithm: AlgorithmSpec,
+    logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+) -> Tensor:
+    """``[B, T]`` token rewards: each row's reward on its last response token and, in reward
+    mode, ``klCoef`` times its KL estimate taken from every token."""
+    kl_coef = algorithm.kl_coef if algorithm.kl_mode == "reward" else 0.0
+    if kl_coef > 0 and (logprobs is None or ref_logprobs is None):
+        raise ValueError("KL in the reward needs log-probs and reference log-probs")
+    return alg.kl_shaped_token_rewards(
+        rewards,
+        logprobs if logprobs is not None else torch.zeros_like(mask),
+        ref_logprobs if ref_logprobs is not None else torch.zeros_like(mask),
+        mask,
+        kl_coef,
+        algorithm.kl_estimator,
+    )
 
 
 def ppo_advantages(
@@ -93,17 +159,7 @@ def ppo_advantages(
     also pays ``klCoef`` times its KL estimate. Advantages are whitened over the batch (the
     usual PPO normalisation); returns, the critic's targets, are not.
     """
-    kl_coef = algorithm.kl_coef if algorithm.kl_mode == "reward" else 0.0
-    if kl_coef > 0 and (logprobs is None or ref_logprobs is None):
-        raise ValueError("KL in the reward needs log-probs and reference log-probs")
-    token_rewards = alg.kl_shaped_token_rewards(
-        rewards,
-        logprobs if logprobs is not None else torch.zeros_like(mask),
-        ref_logprobs if ref_logprobs is not None else torch.zeros_like(mask),
-        mask,
-        kl_coef,
-        algorithm.kl_estimator,
-    )
+    token_rewards = kl_shaped_token_rewards(rewards, mask, algorithm, logprobs, ref_logprobs)
     advantages, returns = alg.gae_advantages(
         token_rewards, values, mask, algorithm.gamma, algorithm.gae_lambda
     )
@@ -126,19 +182,39 @@ class StepScores:
     values: Tensor | None = None
 
 
+EstimateFn = Callable[[StepScores, AlgorithmSpec], dict[str, Tensor]]
+
+
 @dataclass(frozen=True)
 class Estimator:
-    """An algorithm as the driver runs it: how many samples a prompt gets, whether it trains a
-    critic, and the per-row tensors its update needs beyond the old log-probs."""
+    """An algorithm as the driver runs it: the per-row tensors its update needs beyond the old
+    log-probs, and what the API says it needs (groups, a critic)."""
 
-    samples_per_prompt: Callable[[AlgorithmSpec], int]
-    uses_critic: bool
-    estimate: Callable[[StepScores, AlgorithmSpec], dict[str, Tensor]]
+    estimate: EstimateFn
+    choice: EstimatorChoice
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.choice.uses_critic
+
+    def samples_per_prompt(self, algorithm: AlgorithmSpec) -> int:
+        return algorithm.group_size if self.choice.samples_groups else 1
 
 
 ESTIMATORS: Registry[Estimator] = Registry("spec.algorithm.name")
 
 
+def advantage_estimator(name: str) -> Callable[[EstimateFn], EstimateFn]:
+    """Decorator: the estimator the API's `name` chooses (its traits come from the API)."""
+
+    def add(estimate: EstimateFn) -> EstimateFn:
+        ESTIMATORS.register(name)(Estimator(estimate, ADVANTAGE_ESTIMATORS[name]))
+        return estimate
+
+    return add
+
+
+@advantage_estimator("grpo")
 def _grpo(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
     advantages = grpo_advantages(
         scores.rewards,
@@ -150,6 +226,7 @@ def _grpo(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
     return {"advantages": advantages}
 
 
+@advantage_estimator("ppo")
 def _ppo(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
     if scores.values is None:
         raise ValueError("PPO needs the critic's values")
@@ -164,5 +241,33 @@ def _ppo(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
     return {"advantages": advantages, "returns": returns, "old_values": scores.values}
 
 
-ESTIMATORS.register("grpo")(Estimator(lambda a: a.group_size, uses_critic=False, estimate=_grpo))
-ESTIMATORS.register("ppo")(Estimator(lambda a: 1, uses_critic=True, estimate=_ppo))
+@advantage_estimator("rloo")
+def _rloo(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
+    rewards = kl_penalised_rewards(
+        scores.rewards, algorithm, scores.logprobs, scores.ref_logprobs, scores.mask
+    )
+    return {"advantages": alg.rloo_advantages(rewards, algorithm.group_size)}
+
+
+def _reinforce_plus_plus(
+    rewards: Tensor, scores: StepScores, algorithm: AlgorithmSpec
+) -> dict[str, Tensor]:
+    token_rewards = kl_shaped_token_rewards(
+        rewards, scores.mask, algorithm, scores.logprobs, scores.ref_logprobs
+    )
+    advantages, _ = alg.reinforce_plus_plus_advantages(token_rewards, scores.mask, algorithm.gamma)
+    return {"advantages": advantages}
+
+
+@advantage_estimator("reinforce-plus-plus")
+def _reinforce_plus_plus_plain(scores: StepScores, algorithm: AlgorithmSpec) -> dict[str, Tensor]:
+    return _reinforce_plus_plus(scores.rewards, scores, algorithm)
+
+
+@advantage_estimator("reinforce-plus-plus-baseline")
+def _reinforce_plus_plus_baseline(
+    scores: StepScores, algorithm: AlgorithmSpec
+) -> dict[str, Tensor]:
+    # The group's mean reward as the baseline, before the KL shaping and the batch whitening.
+    centred = alg.grpo_advantages(scores.rewards, algorithm.group_size, scale_by_std=False)
+    return _reinforce_plus_plus(centred, scores, algorithm)

@@ -39,7 +39,7 @@ from torch import Tensor
 from rlhf_trainer import metrics as m
 from rlhf_trainer import startup, topology
 from rlhf_trainer.actors import WorkerGroup
-from rlhf_trainer.algorithms import kl_estimate, masked_mean
+from rlhf_trainer.algorithms import groups_with_signal, kl_estimate, masked_mean, overlong_penalty
 from rlhf_trainer.batch import Batch, build_batch
 from rlhf_trainer.checkpoint import (
     Checkpoint,
@@ -50,18 +50,24 @@ from rlhf_trainer.checkpoint import (
 from rlhf_trainer.context import RunContext
 from rlhf_trainer.curves import plot_reward_curve, read_step_log
 from rlhf_trainer.data import DataPosition, PromptIterator
-from rlhf_trainer.experience import ESTIMATORS, Rollout, StepScores, flatten_completions
+from rlhf_trainer.experience import (
+    ESTIMATORS,
+    Rollout,
+    StepScores,
+    choose_groups,
+    flatten_completions,
+)
 from rlhf_trainer.heartbeat import make_heartbeat
 from rlhf_trainer.object_store import TieredCheckpoints
 from rlhf_trainer.rollout import SamplingParams
-from rlhf_trainer.seeds import step_seed
+from rlhf_trainer.seeds import generation_seed
 from rlhf_trainer.startup import Inputs as Inputs  # re-exported: callers load inputs from here
 from rlhf_trainer.startup import NonRetryableError as NonRetryableError
 from rlhf_trainer.startup import check_model_config as check_model_config
 from rlhf_trainer.startup import load_inputs as load_inputs
 from rlhf_trainer.tokenizer import truncate_completions
 from rlhfjob import contract
-from rlhfjob.api import RLHFJob
+from rlhfjob.api import AlgorithmSpec, RLHFJob
 
 STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
@@ -85,6 +91,10 @@ def progress_line(record: dict[str, Any], total_steps: int) -> str:
         parts.append(f"loss {record['policy_loss']:+.4f}")
     if record.get("value_loss") is not None:
         parts.append(f"value loss {record['value_loss']:.4f}")
+    if record.get("dropped_groups"):  # dynamic sampling
+        parts.append(
+            f"{record['dropped_groups']} groups dropped in {record['generation_batches']} rollouts"
+        )
     slowest = sorted(record.get("phase_seconds", {}).items(), key=lambda item: -item[1])[:3]
     breakdown = ", ".join(f"{name} {seconds:.2f}" for name, seconds in slowest)
     parts.append(f"{record['step_seconds']:.2f} s ({breakdown})")
@@ -100,6 +110,32 @@ class Scores:
     values: Tensor | None
 
 
+@dataclass(frozen=True)
+class SampledStep:
+    """What a step trains on: its rollout and the rewards its advantages see, plus the reward
+    function's scores of every response it sampled (dropped groups too), which the step
+    reports, and what dynamic sampling did (empty without it)."""
+
+    rollout: Rollout
+    rewards: Tensor
+    task_rewards: Tensor
+    reward_components: dict[str, float]
+    """Each reward part's mean over every sampled response (rollouts are of equal size)."""
+    report: dict[str, int]
+
+
+def shaped_rewards(rewards: Tensor, rollout: Rollout, algorithm: AlgorithmSpec) -> Tensor:
+    """The rewards with DAPO's overlong penalty added, when the spec asks for it."""
+    shaping = algorithm.overlong_shaping
+    if shaping is None:
+        return rewards
+    lengths = torch.tensor([len(response) for response in rollout.responses])
+    penalty = overlong_penalty(
+        lengths, algorithm.max_response_length, shaping.buffer_length, shaping.penalty
+    )
+    return rewards + penalty
+
+
 @dataclass
 class StepResult:
     step: int
@@ -111,6 +147,8 @@ class StepResult:
     version_lag: int
     reward_components: dict[str, float] = field(default_factory=dict)
     """Each part's mean score before weighting (one entry for a single-source reward)."""
+    sampling: dict[str, int] = field(default_factory=dict)
+    """What dynamic sampling did: rollouts generated, groups dropped and refilled."""
 
 
 class Trainer:
@@ -299,14 +337,9 @@ class Trainer:
         self.metrics.begin_step()
         with self.phase(m.PHASE_SYNC):
             self.fleet.maintain()  # engines back from a lost node get the weights first
-        rollout = self._generate(step)
+        sampled = self._sample(step)
+        rollout, rewards = sampled.rollout, sampled.rewards
         version_lag = self.version - min(rollout.policy_versions)  # 0: fully on-policy
-        with self.phase(m.PHASE_REWARD):
-            if self.actors.reward_models is not None:
-                self.actors.reward_models.maintain()  # replacements rejoin, without waiting
-            rewards = torch.tensor(
-                self.inputs.reward(rollout.prompts, rollout.responses, rollout.metadata)
-            )
         batch = build_batch(rollout.prompts, rollout.responses)
         with self.phase(m.PHASE_REFERENCE):
             scores = self._score(batch)
@@ -322,20 +355,71 @@ class Trainer:
         if scores.ref_logprobs is not None:  # per-token KL(policy || reference) of the rollout
             per_token = kl_estimate(scores.old_logprobs, scores.ref_logprobs, "k3")
             kl = float(masked_mean(per_token, batch.action_mask))
+        reported = sampled.task_rewards  # the reward function's, of every sampled response
         return StepResult(
             step=step,
-            reward_mean=float(rewards.mean()),
-            reward_std=float(rewards.std()) if len(rewards) > 1 else 0.0,
+            reward_mean=float(reported.mean()),
+            reward_std=float(reported.std()) if len(reported) > 1 else 0.0,
             kl=kl,
             policy=policy_metrics,
             critic=critic_metrics,
             version_lag=version_lag,
-            reward_components=dict(self.inputs.reward.last_breakdown),
+            reward_components=sampled.reward_components,
+            sampling=sampled.report,
         )
 
-    def _generate(self, step: int) -> Rollout:
-        """This step's prompts, each sampled as often as the algorithm asks (GRPO: `groupSize`),
-        seeded by step."""
+    def _sample(self, step: int) -> SampledStep:
+        """This step's rollout and its rewards (with overlong shaping, if the spec asks).
+
+        With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and
+        further prompts sampled, at most `maxGenerationBatches` rollouts in all; groups still
+        missing then are filled with dropped ones, so the batch keeps its size.
+        """
+        algorithm = self.algorithm
+        dynamic = algorithm.dynamic_sampling
+        group_size = ESTIMATORS[algorithm.name].samples_per_prompt(algorithm)
+        rollouts: list[Rollout] = []
+        task_rewards: list[Tensor] = []
+        rewards: list[Tensor] = []
+        breakdowns: list[dict[str, float]] = []
+        with_signal = 0
+        for index in range(dynamic.max_generation_batches if dynamic else 1):
+            rollout = self._generate(step, index)
+            with self.phase(m.PHASE_REWARD):
+                if self.actors.reward_models is not None:
+                    self.actors.reward_models.maintain()  # replacements rejoin, without waiting
+                scored = torch.tensor(
+                    self.inputs.reward(rollout.prompts, rollout.responses, rollout.metadata)
+                )
+            rollouts.append(rollout)
+            task_rewards.append(scored)
+            breakdowns.append(dict(self.inputs.reward.last_breakdown))
+            rewards.append(shaped_rewards(scored, rollout, algorithm))
+            if dynamic is None:
+                return SampledStep(rollout, rewards[0], scored, breakdowns[0], {})
+            with_signal += int(groups_with_signal(rewards[-1], group_size).sum())
+            if with_signal >= algorithm.prompts_per_step:
+                break
+        every_reward = torch.cat(rewards)
+        signal = groups_with_signal(every_reward, group_size).tolist()
+        groups, refilled = choose_groups(signal, algorithm.prompts_per_step)
+        rows = torch.tensor([g * group_size + i for g in groups for i in range(group_size)])
+        report = {
+            "generation_batches": len(rollouts),
+            "dropped_groups": len(signal) - sum(signal),
+            "refilled_groups": refilled,
+        }
+        return SampledStep(
+            Rollout.concatenate(rollouts).groups(groups, group_size),
+            every_reward[rows],
+            torch.cat(task_rewards),
+            {name: sum(b[name] for b in breakdowns) / len(breakdowns) for name in breakdowns[0]},
+            report,
+        )
+
+    def _generate(self, step: int, batch: int = 0) -> Rollout:
+        """The next `promptsPerStep` prompts, each sampled as often as the algorithm asks
+        (`groupSize`, ppo once), seeded by step and, with dynamic sampling, rollout `batch`."""
         algorithm = self.algorithm
         items = self.data.next_batch(algorithm.prompts_per_step)  # fitted at load (startup)
         sampling = SamplingParams(
@@ -343,7 +427,7 @@ class Trainer:
             temperature=algorithm.temperature,
             top_p=algorithm.top_p,
             max_tokens=algorithm.max_response_length,
-            seed=step_seed(algorithm.seed, step),
+            seed=generation_seed(algorithm.seed, step, batch),
             stop_token_ids=self.inputs.stop_token_ids,
             logprobs=False,  # the ranks compute the behaviour log-probs (`_score`)
         )
@@ -399,6 +483,7 @@ class Trainer:
         # Standard fields have their own arguments; the other numbers go to the log only.
         extra = {f"policy_{k}": v for k, v in result.policy.items() if k != "policy_loss"}
         extra |= {k: v for k, v in result.critic.items() if k != "value_loss"}
+        extra |= result.sampling
         record = self.metrics.end_step(
             result.step,
             reward_mean=result.reward_mean,

@@ -26,3 +26,9 @@ def derive_seed(seed: int, index: int) -> int:
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of training step `step` of a run seeded with `seed`."""
     return mix("rlhf-step", seed, step)
+
+
+def generation_seed(seed: int, step: int, batch: int) -> int:
+    """The sampling seed of rollout `batch` of step `step` (dynamic sampling samples several):
+    the step's own seed for the first, so a run without dynamic sampling keeps its samples."""
+    return step_seed(seed, step) if batch == 0 else mix("rlhf-step", seed, step, "batch", batch)

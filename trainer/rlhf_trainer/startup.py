@@ -37,6 +37,7 @@ from rlhf_trainer.data import PromptCounts, PromptItem, fit_prompts, load_prompt
 from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
 from rlhf_trainer.experience import ESTIMATORS
 from rlhf_trainer.fleet import RolloutFleet
+from rlhf_trainer.losses import POLICY_LOSSES
 from rlhf_trainer.models import model_config
 from rlhf_trainer.registry import Registry
 from rlhf_trainer.remote_reward import RemoteReward
@@ -97,6 +98,7 @@ def load_inputs(
         decode = decoder(tokenizer) if tokenizer is not None else None
         check_stop_strings(spec, tokenizer)
         ESTIMATORS[spec.algorithm.name]  # UnknownNameError: no estimator of that name
+        POLICY_LOSSES[spec.algorithm.policy_loss]  # nor a policy loss
         reward = build_reward(spec, decode)
         prompts = load_prompts(
             spec.dataset.source,
