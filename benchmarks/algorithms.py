@@ -17,18 +17,16 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlhf_trainer.curves import read_step_log
-from rlhf_trainer.tasks import get_task
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learn import RunFailedError, train_and_summarise  # a sibling script
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = "benchmarks/results/algorithms-cpu.json"
@@ -69,10 +67,6 @@ responses that stop at token 2 differ in length (so do the aggregations). The PP
 already makes two passes."""
 
 
-class RunFailedError(Exception):
-    """`rlhfjob train` exited with an error (the message is its output's tail)."""
-
-
 def job_document(example: str, algorithm: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """The example with the run's algorithm fields, one rank and one engine, its checkpoints
     under `scratch`."""
@@ -87,45 +81,11 @@ def job_document(example: str, algorithm: dict[str, Any], scratch: Path) -> dict
 def run(name: str, scratch: Path) -> dict[str, Any]:
     """Train one run to the end and summarise its learning curve."""
     example, algorithm = RUNS[name]
-    document = job_document(example, algorithm, scratch)
-    job = scratch / "job.yaml"
-    job.write_text(yaml.safe_dump(document))
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(job)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=scratch,
-    )
-    wall_seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise RunFailedError((result.stdout + result.stderr)[-4000:])
-    spec = document["spec"]
-    run_dir = scratch / "checkpoints" / "default" / document["metadata"]["name"]
-    records = read_step_log(run_dir / "metrics.jsonl")
-    max_reward = get_task(spec["dataset"]["source"].removeprefix("synthetic:")).max_reward
-    curve = [round(record["reward_mean"], 4) for record in records]
-    summary: dict[str, Any] = {
-        "example": example,
-        "algorithm": algorithm,
-        "steps": len(records),
-        "max_reward": max_reward,
-        "start_reward": curve[0],
-        "final_reward": curve[-1],
-        "final_reward_fraction": round(curve[-1] / max_reward, 4),
-        "first_step_at_0_9": next(
-            (r["step"] for r in records if r["reward_mean"] >= 0.9 * max_reward), None
-        ),
-        "wall_seconds": round(wall_seconds, 1),
-        "training_seconds": round(sum(r["step_seconds"] for r in records), 1),
-        "reward_curve": curve,
-    }
+    summary, records = train_and_summarise(job_document(example, algorithm, scratch), scratch)
     if "dropped_groups" in records[-1]:
         summary["dropped_groups"] = [r["dropped_groups"] for r in records]
         summary["generation_batches"] = [r["generation_batches"] for r in records]
-    return summary
+    return {"example": example, "algorithm": algorithm, **summary}
 
 
 def write_report(results: dict[str, Any], argv: list[str], output: Path) -> None:

@@ -33,11 +33,15 @@ EXAMPLES = {"grpo": "examples/grpo-tiny-cpu.yaml", "ppo": "examples/ppo-tiny-cpu
 DEFAULT_OUTPUT = "benchmarks/results/cpu-learning.json"
 
 
-def run_example(example: str, scratch: Path) -> dict[str, Any]:
-    """Train one example to the end and summarise its learning curve."""
-    document = yaml.safe_load((REPO / example).read_text())
-    document["spec"]["checkpoint"]["path"] = str(scratch / "checkpoints")
-    job = scratch / Path(example).name
+class RunFailedError(Exception):
+    """`rlhfjob train` exited with an error (the message is its output's tail)."""
+
+
+def train_and_summarise(document: dict[str, Any], scratch: Path) -> tuple[dict[str, Any], list]:
+    """Run the job `document` to its end as `rlhfjob train` (its own local Ray) in `scratch`;
+    return its learning curve's summary and its step records. Both benchmarks of learning
+    (this one, `algorithms.py`) measure a run this way."""
+    job = scratch / f"{document['metadata']['name']}.yaml"
     job.write_text(yaml.safe_dump(document))
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     started = time.perf_counter()
@@ -50,18 +54,14 @@ def run_example(example: str, scratch: Path) -> dict[str, Any]:
     )
     wall_seconds = time.perf_counter() - started
     if result.returncode != 0:
-        raise SystemExit(f"{example} failed:\n{(result.stdout + result.stderr)[-4000:]}")
-
+        raise RunFailedError((result.stdout + result.stderr)[-4000:])
     spec = document["spec"]
-    run_dir = scratch / "checkpoints" / "default" / document["metadata"]["name"]
+    run_dir = Path(spec["checkpoint"]["path"]) / "default" / document["metadata"]["name"]
     records = read_step_log(run_dir / "metrics.jsonl")
     max_reward = get_task(spec["dataset"]["source"].removeprefix("synthetic:")).max_reward
     curve = [round(record["reward_mean"], 4) for record in records]
-    return {
-        "example": example,
+    summary = {
         "steps": len(records),
-        "trainer_ranks": spec["roles"]["trainer"]["replicas"],
-        "rollout_engines": spec["roles"]["rollout"]["replicas"],
         "max_reward": max_reward,
         "start_reward": curve[0],
         "final_reward": curve[-1],
@@ -72,6 +72,24 @@ def run_example(example: str, scratch: Path) -> dict[str, Any]:
         "wall_seconds": round(wall_seconds, 1),
         "training_seconds": round(sum(r["step_seconds"] for r in records), 1),
         "reward_curve": curve,
+    }
+    return summary, records
+
+
+def run_example(example: str, scratch: Path) -> dict[str, Any]:
+    """Train one example to the end and summarise its learning curve."""
+    document = yaml.safe_load((REPO / example).read_text())
+    document["spec"]["checkpoint"]["path"] = str(scratch / "checkpoints")
+    try:
+        summary, _ = train_and_summarise(document, scratch)
+    except RunFailedError as failure:
+        raise SystemExit(f"{example} failed:\n{failure}") from failure
+    roles = document["spec"]["roles"]
+    return {
+        "example": example,
+        "trainer_ranks": roles["trainer"]["replicas"],
+        "rollout_engines": roles["rollout"]["replicas"],
+        **summary,
     }
 
 
