@@ -26,6 +26,7 @@ from kubernetes import client, config
 
 from rlhf_local import cluster
 from rlhf_local.harness import LocalCluster, WaitTimeoutError, events_for, failure_report, wait_for
+from rlhfjob import api
 from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 __all__ = [
@@ -88,10 +89,15 @@ def fresh_namespace(
     finally:
         # Wait until what the next test could meet is gone: pods (they hold GPUs and Kueue's
         # quota) and RayClusters (the stand-in runs a Ray cluster for each). The namespace
-        # itself goes a few seconds later in the background: the namespace controller re-checks
-        # an emptied namespace only every few seconds, 5-10 s a test when waited for.
+        # controller reaches them only after a sweep of every API resource, 5-10 s a test, so
+        # they are deleted here at once (the namespace, terminating first, admits no new
+        # object); the namespace itself goes a few seconds later in the background.
         core, custom = local_cluster.core, local_cluster.custom
         core.delete_namespace(name)
+        for group, version, plural in ((api.GROUP, api.VERSION, api.PLURAL),
+                                       (RAY_GROUP, RAY_VERSION, RAY_CLUSTERS)):  # fmt: skip
+            custom.delete_collection_namespaced_custom_object(group, version, name, plural)
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
         def emptied() -> bool:
             pods: list[Any] = core.list_namespaced_pod(name).items
