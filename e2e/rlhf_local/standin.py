@@ -63,6 +63,9 @@ OBJECT_STORE_BYTES = int(os.environ.get("RLHF_STANDIN_OBJECT_STORE_BYTES", 100 *
 JOIN_TIMEOUT = 90.0
 """Seconds a worker node may take to join its head before it is started again."""
 HEAD_START_TIMEOUT = 180.0
+AGENT_START_TIMEOUT = 30.0
+"""How long a head's dashboard agent may stay unhealthy after its dashboard answers (a few
+seconds normally, under 15 on two busy cores) before the head is restarted."""
 POLL_SECONDS = 1.0
 MAX_CLUSTERS_ENV = "RLHF_STANDIN_MAX_CLUSTERS"
 
@@ -269,6 +272,18 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _answers(url: str, token: str | None) -> bool:
+    """Whether `url` answers 200 within 2 s (with the job's Ray token when it has one)."""
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 def _start_order(pod: Any) -> tuple[bool, str]:
     """Trainer pods before the others, then by name."""
     group = (pod.metadata.labels or {}).get("ray.io/group", "")
@@ -396,23 +411,28 @@ class StandIn:
             head,
         )
         deadline = time.monotonic() + HEAD_START_TIMEOUT
+        token = pod_env.get("RAY_AUTH_TOKEN")
+        dashboard_up: float | None = None
         while True:
             if not head.alive():
                 raise RuntimeError(f"Ray head for {label} exited; see {self.log_dir}/{label}.log")
-            # Ready: the head node registered (its `ray start` says so) and the dashboard,
-            # which serves the Job Submission API, answers.
-            if head.is_registered():
-                token = pod_env.get("RAY_AUTH_TOKEN")
-                request = urllib.request.Request(
-                    f"{local.dashboard}/api/version",
-                    headers={"Authorization": f"Bearer {token}"} if token else {},
-                )
-                try:
-                    with urllib.request.urlopen(request, timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
+            # Ready: the head node registered (its `ray start` says so), the dashboard, which
+            # serves the Job Submission API, answers, and so does the head's dashboard agent,
+            # which runs the submitted jobs: KubeRay's readiness probe of a head asks the
+            # agent's `local_raylet_healthz` too.
+            if head.is_registered() and _answers(f"{local.dashboard}/api/version", token):
+                dashboard_up = dashboard_up or time.monotonic()
+                if _answers(f"http://127.0.0.1:{agent}/api/local_raylet_healthz", token):
+                    break
+                if time.monotonic() - dashboard_up > AGENT_START_TIMEOUT:
+                    # Its ports are probed free, then bound by Ray a moment later: another
+                    # process can take one in between, and the agent never starts ("No
+                    # available agent to submit job"). A kubelet would restart the container.
+                    head.kill()
+                    raise RuntimeError(
+                        f"the dashboard agent of the Ray head for {label} is not healthy "
+                        f"{AGENT_START_TIMEOUT:.0f}s after its dashboard answered; restarting it"
+                    )
             if time.monotonic() > deadline or self.stopping.is_set():
                 head.kill()
                 raise RuntimeError(f"Ray head for {label} not ready in {HEAD_START_TIMEOUT}s")
