@@ -278,6 +278,12 @@ class CheckpointSpec(ApiModel):
     """Checkpoint every this many training steps (and at the last step and on SIGTERM)."""
     keep_last: int = Field(default=3, ge=1, le=1000)
     """Complete checkpoints the trainer keeps; older ones it removes (the operator never does)."""
+    background: bool = False
+    """Write checkpoints in the background: a step waits only while each rank copies its state
+    to host memory (pinned, on GPUs), and the files are written, hashed and renamed into place
+    while training goes on; the next checkpoint, a drain and the run's end wait for them. A
+    checkpoint still appears whole or not at all. Costs host memory for one copy of each
+    rank's state. Off: each checkpoint is written before training goes on."""
     stop_grace_period_seconds: int = Field(default=600, ge=0, le=86400)
     """Seconds a training driver gets to finish its step and checkpoint it when the job's
     cluster is released while it trains (suspend, preemption): the operator asks it to stop,
