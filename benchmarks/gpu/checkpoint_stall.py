@@ -4,12 +4,15 @@ memory and written in the background (`checkpoint.background`).
     python benchmarks/gpu/checkpoint_stall.py --out DIR     # DIR/gpu-checkpoint-stall.json
 
 One trainer rank as a job runs it (`rlhf_trainer.models.build_causal_lm`, the trainer's
-DeepSpeed config and stage for one GPU), on the 0.5B shape of `examples/grpo-1gpu.yaml`, after
-two optimizer steps (so AdamW's moments exist). Then, each `--repeats` times:
+DeepSpeed config and stage for one GPU), on the 0.5B shape of `examples/grpo-1gpu.yaml`; it
+reserves its host buffers as a rank does at start, then trains two optimizer steps (so AdamW's
+moments exist). Then, each `--repeats` times:
 
 * ``save_seconds``: `reshard.save_engine_state` - what a checkpoint blocked for before;
-* ``snapshot_seconds``: `reshard.snapshot_engine_state` into reused pinned buffers - what a
-  background checkpoint blocks for (the first one also allocates the buffers: reported apart);
+* ``snapshot_seconds``: `reshard.snapshot_engine_state` into the pinned buffers the rank
+  reserved at start (``reserve_seconds`` blocking, then pinned on a thread beside the first
+  steps: ``pinning_seconds_left_after_two_steps`` is what was still left of it after two) -
+  what a background checkpoint blocks for;
 * ``write_seconds``: the snapshot's files written, and ``step_seconds_while_writing`` against
   ``step_seconds``: a training step beside the write, and alone.
 
@@ -120,9 +123,12 @@ def main() -> None:
     from rlhf_trainer import reshard
 
     engine, step = engine_of(args.shape)
-    step()
-    step()
     buffers = reshard.HostBuffers()
+    # As a rank does at start (no moments yet): reserve, then train while the buffers pin.
+    reserving = timed(lambda: reshard.reserve_host_buffers(engine, 0, buffers))
+    step()
+    step()
+    pinning = timed(buffers.wait_allocated)
     first_snapshot = timed(lambda: reshard.snapshot_engine_state(engine, 0, 1, buffers))
     state_bytes = sum(
         t.numel() * t.element_size()
@@ -150,6 +156,8 @@ def main() -> None:
         "zero_stage": int(engine.zero_optimization_stage()),
         "state_bytes": state_bytes,
         "cpu_count": os.cpu_count(),
+        "reserve_seconds": reserving,
+        "pinning_seconds_left_after_two_steps": pinning,
         "first_snapshot_seconds": first_snapshot,
         "runs": rows,
         "checkpoint_sync_seconds_0_5b": med("save_seconds"),

@@ -128,6 +128,8 @@ class ZeroWorker:
         )
         started = time.perf_counter()
         self._build(total_optimizer_steps)
+        if self.on_gpu and self.state_dir is not None and self.spec.checkpoint.background:
+            reshard.reserve_host_buffers(self.engine, self.rank, self._host_buffers)
         self.build_report = {
             "seconds": time.perf_counter() - started,
             "peak_host_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
