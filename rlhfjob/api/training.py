@@ -54,7 +54,7 @@ class ModelSpec(ApiModel):
     kernels: Literal["eager", "liger"] = "eager"
     """The kernels of the trainer's networks (policy, reference, critic). `eager`: Hugging
     Face's own modules. `liger`: Liger Kernel's fused Triton kernels for RMSNorm, rotary
-    embeddings and SwiGLU, patched into them (1.16x faster on a 1.5B update on one H200, the
+    embeddings and SwiGLU, patched into them (a 1.5B update 1.2x faster on one H200, the
     same log-probs within bf16 rounding; BENCHMARKS.md). Needs trainer GPUs and a model type
     Liger patches (llama, mistral, qwen2, qwen3, gemma, phi3 and a few more; another is refused
     with the list). Rollout engines keep their own kernels."""

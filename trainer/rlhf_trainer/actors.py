@@ -27,7 +27,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -256,9 +255,9 @@ class ZeroWorker:
 
         self._write = self._writer.submit(write)
 
-    @ray.method(concurrency_group=CHECKPOINT_WRITES)
     def wait_saved(self) -> None:
-        """Wait for this rank's last checkpoint write (`snapshot`); raises what it raised."""
+        """Wait for this rank's last checkpoint write (`snapshot`); raises what it raised. The
+        driver calls it in the `CHECKPOINT_WRITES` concurrency group, beside training."""
         if self._write is not None:
             self._write.result()
 
@@ -600,13 +599,12 @@ class WorkerGroup:
 
         self._init(spec, role, role_spec, setup_timeout_s, world_size)
         on_gpu = role_spec.gpus > 0
-        actor_class: Any = ray.remote(worker_class)
+        actor_class: Any = ray.remote(concurrency_groups={CHECKPOINT_WRITES: 1})(worker_class)
         options: dict[str, Any] = {
             "num_cpus": 0 if not on_gpu else 1,
             "num_gpus": 1 if on_gpu else 0,
             "resources": {ray_resource(role): 1},
             "max_restarts": 0,
-            "concurrency_groups": {CHECKPOINT_WRITES: 1},
         }
         json_text = spec_json(spec)
         for rank in range(self.world_size):
@@ -654,9 +652,13 @@ class WorkerGroup:
         self.wait(self._setup, timeout=self.setup_timeout_s)
         return self
 
-    def submit(self, method: str, *args: Any) -> list[Any]:
-        """Start `method(*args)` on every rank; returns the Ray object refs in rank order."""
-        return [getattr(actor, method).remote(*args) for actor in self.actors]
+    def submit(self, method: str, *args: Any, concurrency_group: str | None = None) -> list[Any]:
+        """Start `method(*args)` on every rank (in `concurrency_group`, else the ranks' one
+        training thread); returns the Ray object refs in rank order."""
+        calls = [getattr(actor, method) for actor in self.actors]
+        if concurrency_group is not None:
+            calls = [call.options(concurrency_group=concurrency_group) for call in calls]
+        return [call.remote(*args) for call in calls]
 
     @staticmethod
     def wait(refs: list[Any], timeout: float | None = None) -> list[Any]:

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from rlhf_trainer import metrics as m
 from rlhf_trainer import startup, topology
-from rlhf_trainer.actors import WorkerGroup
+from rlhf_trainer.actors import CHECKPOINT_WRITES, WorkerGroup
 from rlhf_trainer.algorithms import groups_with_signal, kl_estimate, masked_mean, overlong_penalty
 from rlhf_trainer.batch import Batch, build_batch
 from rlhf_trainer.checkpoint import (
@@ -370,7 +370,11 @@ class Trainer:
             except BaseException:
                 if not writing.__exit__(*sys.exc_info()):
                     raise
-            writes = [ref for group in self.groups for ref in group.submit("wait_saved")]
+            writes = [
+                ref
+                for group in self.groups
+                for ref in group.submit("wait_saved", concurrency_group=CHECKPOINT_WRITES)
+            ]
             self.written_checkpoint = WrittenCheckpoint(self.step, writing, writes)
             if not self.spec.checkpoint.background:
                 self.wait_for_checkpoint()
