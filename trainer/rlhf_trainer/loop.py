@@ -368,16 +368,16 @@ class Trainer:
                 snapshots = [r for g in self.groups for r in g.submit("snapshot", str(directory))]
                 WorkerGroup.wait(snapshots)
             except BaseException:
-                if not writing.__exit__(*sys.exc_info()):
-                    raise
+                writing.__exit__(*sys.exc_info())  # removes the directory
+                raise
             writes = [
                 ref
                 for group in self.groups
                 for ref in group.submit("wait_saved", concurrency_group=CHECKPOINT_WRITES)
             ]
             self.written_checkpoint = WrittenCheckpoint(self.step, writing, writes)
-            if not self.spec.checkpoint.background:
-                self.wait_for_checkpoint()
+        if not self.spec.checkpoint.background:
+            self.wait_for_checkpoint()
 
     @property
     def last_saved_step(self) -> int | None:
