@@ -54,6 +54,26 @@ INVALID_CASES: list[InvalidCase] = [
         "set exactly one of policy and randomInit",
     ),
     InvalidCase(
+        "kernels-unknown",
+        _spec(model={"kernels": "triton"}),
+        "spec.model.kernels",
+    ),
+    InvalidCase(
+        "kernels-liger-on-cpu-trainers",
+        _spec(model={"kernels": "liger"}),
+        "spec.model.kernels",
+        "model.kernels liger runs Triton kernels on GPUs",
+    ),
+    InvalidCase(
+        "kernels-liger-model-type-it-lacks",
+        _spec(
+            model={**RANDOM_INIT, "kernels": "liger", "randomInit": {"model_type": "gpt2"}},
+            roles={"trainer": {"gpus": 1}},
+        ),
+        "spec.model.kernels",
+        "kernels liger: Liger Kernel has no kernels for this randomInit.model_type",
+    ),
+    InvalidCase(
         "model-both",
         _spec(model={"randomInit": {"model_type": "qwen2"}}),
         "spec.model.policy",

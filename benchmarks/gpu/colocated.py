@@ -267,6 +267,9 @@ def update_one(args: argparse.Namespace) -> None:
         colocated=False,
         kl_coef=0.0,
     )
+    # A "-liger" variant: the same with `model.kernels: liger` (the trainer's builder patches it).
+    variant = args.variant.removesuffix("-liger")
+    document["spec"]["model"]["kernels"] = "liger" if variant != args.variant else "eager"
     spec = RLHFJob.model_validate(document).spec
     config = model_config(args.shape)
     batch = synthetic_batch(rows, args.prompt_len, args.seq_len, config["vocab_size"])
@@ -274,7 +277,7 @@ def update_one(args: argparse.Namespace) -> None:
     result: dict[str, Any] = {"shape": args.shape, "variant": args.variant, "rows": rows}
     result.update(micro_batch=micro, seq_len=args.seq_len, tokens_per_step=tokens)
     device = torch.device("cpu" if tiny else "cuda")
-    if args.variant.startswith("plain"):
+    if variant.startswith("plain"):
         from rlhf_trainer.models import build_causal_lm
 
         model = build_causal_lm(spec.model, 0, torch.float32).to(device)
@@ -285,7 +288,7 @@ def update_one(args: argparse.Namespace) -> None:
         on_device = batch.to(device)
         total_tokens = on_device.num_action_tokens
 
-        fused = args.variant == "plain"  # plain-unfused: the loss as the trainer had it before
+        fused = variant == "plain"  # plain-unfused: the loss as the trainer had it before
 
         def step() -> None:
             for chunk in on_device.micro_batches(micro):
@@ -317,7 +320,7 @@ def update_one(args: argparse.Namespace) -> None:
             optimizer.zero_grad(set_to_none=True)
 
     else:
-        os.environ["RLHF_ZERO_STAGE"] = args.variant.removeprefix("zero")
+        os.environ["RLHF_ZERO_STAGE"] = variant.removeprefix("zero")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if args.policy_dir:  # a saved checkpoint, loaded as `model.policy: DIR` is
             spec.model = spec.model.model_copy(

@@ -118,6 +118,7 @@ from rlhfjob.api.status import (
     RLHFJobStatus,
 )
 from rlhfjob.api.training import (
+    LIGER_MODEL_TYPES,
     POD_PLACES,
     CheckpointSpec,
     DatasetSpec,
@@ -162,6 +163,7 @@ __all__ = [
     "KUEUE_GROUP",
     "LABEL_KEYS_RULE",
     "LABEL_VALUE_PATTERN",
+    "LIGER_MODEL_TYPES",
     "LOSS_AGGREGATIONS",
     "MAX_NAME_LENGTH",
     "MAX_QUALIFIED_NAME_LENGTH",

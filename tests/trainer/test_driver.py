@@ -199,10 +199,16 @@ def ray_address() -> Iterator[str]:
 
 
 def job_file(
-    directory: Path, engines: int = 1, min_engines: int | None = None, *, colocated: bool = False
+    directory: Path,
+    engines: int = 1,
+    min_engines: int | None = None,
+    *,
+    colocated: bool = False,
+    background: bool = False,
 ) -> Path:
     """The GRPO example, shortened to 6 steps with a checkpoint every 2, one rollout engine
-    (colocated: one inside each of the 2 trainer ranks)."""
+    (colocated: one inside each of the 2 trainer ranks); `background`: checkpoints written
+    while training goes on."""
     document = yaml.safe_load(EXAMPLE.read_text())
     spec = document["spec"]
     spec["algorithm"]["totalSteps"] = TOTAL_STEPS
@@ -212,7 +218,9 @@ def job_file(
         spec["roles"]["rollout"]["replicas"] = engines
     if min_engines is not None:
         spec["roles"]["rollout"]["minReplicas"] = min_engines
-    spec["checkpoint"].update(path=str(directory / "checkpoints"), intervalSteps=2, keepLast=10)
+    spec["checkpoint"].update(
+        path=str(directory / "checkpoints"), intervalSteps=2, keepLast=10, background=background
+    )
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -277,8 +285,10 @@ def test_stopped_and_resumed_training_equals_uninterrupted_training(
     straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
     straight_dir.mkdir()
     resumed_dir.mkdir()
-    straight_job = job_file(straight_dir, colocated=colocated)
-    resumed_job = job_file(resumed_dir, colocated=colocated)
+    # Colocated, checkpoints are written in the background (`checkpoint.background`): the
+    # resumed run must equal the straight one either way.
+    straight_job = job_file(straight_dir, colocated=colocated, background=colocated)
+    resumed_job = job_file(resumed_dir, colocated=colocated, background=colocated)
 
     straight = Driver(straight_job, ray_address)
 

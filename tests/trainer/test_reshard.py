@@ -229,9 +229,21 @@ def _save_and_load_across_stages(directory: str, results: Any) -> None:
     saving = engine(3)
     step(saving)
     step(saving)
+    snapshot = reshard.snapshot_engine_state(saving, rank=0, world_size=1)
     saved = Path(directory) / "saved"
     reshard.save_engine_state(saving, saved, rank=0, world_size=1)
     reference_step = step(saving)
+    # A background checkpoint's snapshot, written after the engine trained on: the state it
+    # was taken at, not the engine's state when written.
+    snapshot.write(Path(directory) / "snapshot")
+    report_snapshot = {
+        kind: max(
+            float((whole_tensors(saved, kind)[k] - tensor).abs().max())
+            for k, tensor in whole_tensors(Path(directory) / "snapshot", kind).items()
+        )
+        for kind in read_saved_state(saved).kinds
+    }
+    same_state = read_saved_state(Path(directory) / "snapshot") == read_saved_state(saved)
     after = Path(directory) / "after-saving"
     reshard.save_engine_state(saving, after, rank=0, world_size=1)
     report: dict[str, Any] = {}
@@ -263,6 +275,7 @@ def _save_and_load_across_stages(directory: str, results: Any) -> None:
             "next_weights": max(float((want[k] - got[k]).abs().max()) for k in want),
         }
     report["saved"] = dataclasses.asdict(read_saved_state(saved))
+    report["snapshot"] = {"differences": report_snapshot, "same_state": same_state}
     results.put(report)
 
 
@@ -294,6 +307,11 @@ def test_a_zero3_state_loads_exactly_under_zero2_without_zero_and_with_whole_sma
     pytest.importorskip("deepspeed")
     report = _in_a_process(_save_and_load_across_stages, str(tmp_path))
     saved = report.pop("saved")
+    snapshot = report.pop("snapshot")
+    assert snapshot == {
+        "differences": {"fp32": 0.0, "exp_avg": 0.0, "exp_avg_sq": 0.0},
+        "same_state": True,
+    }, "a snapshot written a step later holds the state it was taken at"
     assert saved["optimizer_step"] == 2 and saved["counters"]["global_steps"] == 2
     for name, outcome in report.items():
         # Loading copies float32 values and the shared state: nothing may change, whatever

@@ -21,6 +21,8 @@ import os
 import resource
 import socket
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -63,8 +65,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+CHECKPOINT_WRITES = "checkpoint-writes"
+"""The ranks' Ray concurrency group for `ZeroWorker.wait_saved`: its own thread, so the driver
+can wait for a background checkpoint's writes while the default thread trains."""
+
+
 class ZeroWorker:
     """One rank of a ZeRO-3 group. Subclasses build their engines in `_build`."""
+
+    state_dir: str | None = None
+    """The subdirectory of a checkpoint that holds this role's state (None: it has none)."""
 
     def __init__(self, spec_json: str, rank: int, world_size: int) -> None:
         self.spec = RLHFJobSpec.model_validate_json(spec_json)
@@ -85,6 +95,9 @@ class ZeroWorker:
             rollout_rows(self.spec), world_size, self.spec.algorithm.micro_batch_size
         )
         self.seed = self.spec.algorithm.seed
+        self._host_buffers = reshard.HostBuffers()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-write")
+        self._write: Future[None] | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """Rank 0's address and a free port for the group's TCP store."""
@@ -114,6 +127,8 @@ class ZeroWorker:
         )
         started = time.perf_counter()
         self._build(total_optimizer_steps)
+        if self.on_gpu and self.state_dir is not None and self.spec.checkpoint.background:
+            reshard.reserve_host_buffers(self.engine, self.rank, self._host_buffers)
         self.build_report = {
             "seconds": time.perf_counter() - started,
             "peak_host_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -211,10 +226,44 @@ class ZeroWorker:
             engine.backward(output.float().sum() * 0.0)
             engine.step()
 
-    def _save_engine(self, engine: Any, directory: Path) -> None:
-        """This rank's part of the role's state (`rlhf_trainer.reshard`) and its RNG states."""
-        reshard.save_engine_state(engine, directory, self.rank, self.world_size)
-        ckpt.save_rng_state(ckpt.capture_rng_state(), directory / reshard.rng_file(self.rank))
+    def save(self, directory: str) -> None:
+        """This rank's part of the role's state and its RNG states, written into checkpoint
+        `directory` before this returns."""
+        self.snapshot(directory)
+        self.wait_saved()
+
+    def snapshot(self, directory: str) -> None:
+        """Copy this rank's part of the role's state (`rlhf_trainer.reshard`) and its RNG
+        states to host memory now, and write them into checkpoint `directory` on a thread of
+        this rank while it trains on (`checkpoint.background`); `wait_saved` waits for the
+        write. Waits for the previous write first, whatever its outcome (which went to the
+        driver that waited for it, if any): its host buffers are reused."""
+        if self._write is not None:
+            futures_wait([self._write])
+        if self.state_dir is None:
+            return
+        self._before_snapshot()
+        target = Path(directory) / self.state_dir
+        state = reshard.snapshot_engine_state(
+            self.engine, self.rank, self.world_size, self._host_buffers
+        )
+        rng = ckpt.capture_rng_state()
+
+        def write() -> None:
+            state.write(target)
+            ckpt.save_rng_state(rng, target / reshard.rng_file(self.rank))
+
+        self._write = self._writer.submit(write)
+
+    def wait_saved(self) -> None:
+        """Wait for this rank's last checkpoint write (`snapshot`); raises what it raised. The
+        driver calls it in the `CHECKPOINT_WRITES` concurrency group, beside training."""
+        if self._write is not None:
+            self._write.result()
+
+    def _before_snapshot(self) -> None:
+        """What a rank does before its state is read (the colocated policy takes its memory
+        back from the rollout engine)."""
 
     def _load_engine(self, engine: Any, directory: Path, step: int) -> None:
         """Load a role's state saved by any number of ranks, then this rank's RNG states: its
@@ -252,6 +301,7 @@ class PolicyWorker(ZeroWorker):
     second, optimizer-less ZeRO-3 engine over the same group).
     """
 
+    state_dir = "policy"
     rollout: ColocatedEngine | None = None
     """This rank's own rollout engine when the rollout is colocated (`rlhf_trainer.colocated`)."""
 
@@ -271,6 +321,9 @@ class PolicyWorker(ZeroWorker):
     def _for_training(self) -> None:
         if self.rollout is not None:
             self.rollout.for_training(self.engine)
+
+    def _before_snapshot(self) -> None:
+        self._for_training()
 
     # -- colocated rollout (see rlhf_trainer.colocated) ---------------------------------------
 
@@ -433,10 +486,6 @@ class PolicyWorker(ZeroWorker):
     def _output(self, engine: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return engine(input_ids=input_ids, attention_mask=attention_mask).logits
 
-    def save(self, directory: str) -> None:
-        self._for_training()
-        self._save_engine(self.engine, Path(directory) / "policy")
-
     def load(self, directory: str, step: int) -> None:
         """The policy's state from checkpoint `directory` of training step `step`."""
         self._for_training()
@@ -460,15 +509,14 @@ class ReferenceWorker(ZeroWorker):
             self.spec.algorithm.temperature,
         )
 
-    def save(self, directory: str) -> None:
-        """Nothing to save: the reference never changes."""
-
     def load(self, directory: str, step: int) -> None:
         """Nothing to load: the reference is rebuilt from the spec, on any number of ranks."""
 
 
 class CriticWorker(ZeroWorker):
     """A critic rank (PPO): per-token values and the clipped value-regression update."""
+
+    state_dir = "critic"
 
     def _build(self, total_optimizer_steps: int) -> None:
         model = build_critic(self.spec.model, self.seed, self.dtype, self._config(True))
@@ -515,9 +563,6 @@ class CriticWorker(ZeroWorker):
     def _output(self, engine: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return engine(input_ids, attention_mask)
 
-    def save(self, directory: str) -> None:
-        self._save_engine(self.engine, Path(directory) / "critic")
-
     def load(self, directory: str, step: int) -> None:
         """The critic's state from checkpoint `directory` of training step `step`."""
         self._load_engine(self.engine, Path(directory) / "critic", step)
@@ -554,7 +599,7 @@ class WorkerGroup:
 
         self._init(spec, role, role_spec, setup_timeout_s, world_size)
         on_gpu = role_spec.gpus > 0
-        actor_class: Any = ray.remote(worker_class)
+        actor_class: Any = ray.remote(concurrency_groups={CHECKPOINT_WRITES: 1})(worker_class)
         options: dict[str, Any] = {
             "num_cpus": 0 if not on_gpu else 1,
             "num_gpus": 1 if on_gpu else 0,
@@ -607,9 +652,13 @@ class WorkerGroup:
         self.wait(self._setup, timeout=self.setup_timeout_s)
         return self
 
-    def submit(self, method: str, *args: Any) -> list[Any]:
-        """Start `method(*args)` on every rank; returns the Ray object refs in rank order."""
-        return [getattr(actor, method).remote(*args) for actor in self.actors]
+    def submit(self, method: str, *args: Any, concurrency_group: str | None = None) -> list[Any]:
+        """Start `method(*args)` on every rank (in `concurrency_group`, else the ranks' one
+        training thread); returns the Ray object refs in rank order."""
+        calls = [getattr(actor, method) for actor in self.actors]
+        if concurrency_group is not None:
+            calls = [call.options(concurrency_group=concurrency_group) for call in calls]
+        return [call.remote(*args) for call in calls]
 
     @staticmethod
     def wait(refs: list[Any], timeout: float | None = None) -> list[Any]:

@@ -24,9 +24,11 @@ process around it all (CLI, Ray, signals, exit codes).
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -38,7 +40,7 @@ from torch import Tensor
 
 from rlhf_trainer import metrics as m
 from rlhf_trainer import startup, topology
-from rlhf_trainer.actors import WorkerGroup
+from rlhf_trainer.actors import CHECKPOINT_WRITES, WorkerGroup
 from rlhf_trainer.algorithms import groups_with_signal, kl_estimate, masked_mean, overlong_penalty
 from rlhf_trainer.batch import Batch, build_batch
 from rlhf_trainer.checkpoint import (
@@ -73,6 +75,43 @@ STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
 RANKS_KEY = "ranks"
 """Manifest `extra` entry: the ranks of each ZeRO-3 role that wrote the checkpoint."""
+
+
+class WrittenCheckpoint:
+    """A checkpoint whose ranks took their snapshots and write them on their own threads: a
+    thread of the driver waits for every rank's write, then completes the directory (its
+    manifest, the atomic rename, pruning, the upload queue) or, if a write failed, deletes it.
+    """
+
+    def __init__(self, step: int, writing: AbstractContextManager[Path], writes: list[Any]):
+        self.step = step
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._complete, args=(writing, writes), name=f"checkpoint-{step}", daemon=True
+        )
+        self._thread.start()
+
+    def _complete(self, writing: AbstractContextManager[Path], writes: list[Any]) -> None:
+        try:
+            WorkerGroup.wait(writes)
+        except BaseException as error:  # a write failed, or a rank died: no checkpoint
+            self._error = error
+            with contextlib.suppress(BaseException):
+                writing.__exit__(type(error), error, error.__traceback__)
+            return
+        try:
+            writing.__exit__(None, None, None)
+        except BaseException as error:
+            self._error = error
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Until the checkpoint is complete; raises what kept it from completing."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def progress_line(record: dict[str, Any], total_steps: int) -> str:
@@ -198,6 +237,9 @@ class Trainer:
         self.version = 0
         """Policy version: the number of updates so far; every weight sync carries it."""
         self.checkpointed_step: int | None = None
+        """The step of the newest complete checkpoint of this run."""
+        self.written_checkpoint: WrittenCheckpoint | None = None
+        """A background checkpoint not known complete yet (`checkpoint.background`)."""
         resume_from = context.resume_from
         self.resume_checkpoint = self._find_checkpoint(resume_from) if resume_from else None
         # Beat from the start: booting the actors can take minutes, and the operator must be
@@ -307,7 +349,10 @@ class Trainer:
         """Every rank writes its part of its role's state (`rlhf_trainer.reshard`) into one
         directory that appears atomically, and the manifest records each role's ranks; with a
         bucket, it is uploaded in the background when on the upload interval or `upload` says
-        so."""
+        so. With `checkpoint.background` the step waits only for the ranks' snapshots (copies
+        to host memory): the writes and the completion go on beside training
+        (`WrittenCheckpoint`), and the next checkpoint or the run's end waits for them."""
+        self.wait_for_checkpoint()
         with self.phase(m.PHASE_CHECKPOINT):
             extra = {
                 "policy_version": self.version,
@@ -318,12 +363,39 @@ class Trainer:
             writing = self.store.writing(
                 self.step, data_position=position, extra=extra, upload=upload
             )
-            with writing as directory:
-                WorkerGroup.wait([r for g in self.groups for r in g.submit("save", str(directory))])
-        self.checkpointed_step = self.step
+            directory = writing.__enter__()
+            try:
+                snapshots = [r for g in self.groups for r in g.submit("snapshot", str(directory))]
+                WorkerGroup.wait(snapshots)
+            except BaseException:
+                writing.__exit__(*sys.exc_info())  # removes the directory
+                raise
+            writes = [
+                ref
+                for group in self.groups
+                for ref in group.submit("wait_saved", concurrency_group=CHECKPOINT_WRITES)
+            ]
+            self.written_checkpoint = WrittenCheckpoint(self.step, writing, writes)
+        if not self.spec.checkpoint.background:
+            self.wait_for_checkpoint()
+
+    @property
+    def last_saved_step(self) -> int | None:
+        """The step of the newest checkpoint taken, complete or still being written."""
+        written = self.written_checkpoint
+        return written.step if written is not None else self.checkpointed_step
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait for the checkpoint being written, if any; then it is the run's newest."""
+        written, self.written_checkpoint = self.written_checkpoint, None
+        if written is None:
+            return
+        with self.phase(m.PHASE_CHECKPOINT):
+            written.wait()
+        self.checkpointed_step = written.step
         self.metrics.record_checkpoint()
-        path = str(self.store.step_dir(self.step))
-        self.heartbeat.update(checkpoint_step=self.step, checkpoint_path=path)
+        path = str(self.store.step_dir(written.step))
+        self.heartbeat.update(checkpoint_step=written.step, checkpoint_path=path)
 
     def sync_weights(self) -> None:
         with self.phase(m.PHASE_SYNC):
@@ -513,13 +585,16 @@ class Trainer:
         self.heartbeat.update(step=self.step, phase=m.PHASE_GENERATE)
         self.sync_weights()  # the engines start from other weights (or a stale version)
         while self.step < self.total_steps and not self.stop.is_set():
+            if self.written_checkpoint is not None and self.written_checkpoint.done():
+                self.wait_for_checkpoint()  # written beside the last step: announce it
             # Log the step before checkpointing it, so every checkpointed step has its line
             # (the checkpoint's own time is counted in the next step's record).
             self.log(progress_line(self.record(self.run_step()), self.total_steps))
             if self.step % interval == 0 or self.step == self.total_steps:
                 self.save_checkpoint(upload=self.step == self.total_steps)
-        if self.step > 0 and self.checkpointed_step != self.step:
+        if self.step > 0 and self.last_saved_step != self.step:
             self.save_checkpoint(upload=True)
+        self.wait_for_checkpoint()
         self.finish_uploads()
         if self.stop_requested_at is not None:
             self.heartbeat.update(checkpoint_saved_step=self.checkpointed_step)

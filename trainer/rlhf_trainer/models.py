@@ -85,14 +85,67 @@ def causal_lm(
     return model.to(dtype)
 
 
+class KernelsError(ValueError):
+    """`spec.model.kernels` cannot serve this model (a type the library has no kernels for,
+    or the library missing from the image)."""
+
+
+def liger_patch() -> Any:
+    """Liger Kernel's instance patcher (what Hugging Face's Trainer calls for `use_liger_kernel`):
+    it picks the model type's patch and passes it only the switches that patch takes."""
+    try:
+        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+    except ImportError as error:
+        raise KernelsError(
+            f"spec.model.kernels: liger needs the liger-kernel package in the image ({error})"
+        ) from error
+    return _apply_liger_kernel_to_instance
+
+
+def check_kernels(kernels: str, model_type: str) -> None:
+    """KernelsError unless `kernels` can patch a model of `model_type` (the driver's check at
+    start, before any rank builds a network)."""
+    if kernels == "eager":
+        return
+    liger_patch()
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise KernelsError(
+            f"spec.model.kernels: Liger Kernel has no kernels for model type {model_type!r}"
+        )
+
+
+def with_kernels(model: nn.Module, kernels: str) -> nn.Module:
+    """`model` with `spec.model.kernels` patched in: for `liger`, Liger's RMSNorm, rotary and
+    gated-MLP kernels replace the modules' forwards in place (their weights stay, so ZeRO-3's
+    partitioning and hooks are untouched). The logits path is not patched: the loss needs the
+    entropy and the temperature, which Liger's fused linear cross entropy does not give."""
+    if kernels == "eager":
+        return model
+    config = getattr(model, "config", None)
+    check_kernels(kernels, getattr(config, "model_type", "") or "")
+    liger_patch()(
+        model=model,
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        geglu=True,  # the Gemma family's gated MLP
+        cross_entropy=False,
+        fused_linear_cross_entropy=False,
+    )
+    return model
+
+
 def build_causal_lm(
     spec: ModelSpec,
     seed: int,
     dtype: torch.dtype = torch.float32,
     zero: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """The policy network: pretrained weights, or random ones that depend only on `seed`."""
-    return causal_lm(spec.policy, spec.random_init, seed, dtype, zero)
+    """The policy network: pretrained weights, or random ones that depend only on `seed`; with
+    the spec's kernels."""
+    return with_kernels(causal_lm(spec.policy, spec.random_init, seed, dtype, zero), spec.kernels)
 
 
 def build_reference(
@@ -106,7 +159,9 @@ def build_reference(
 
     model: nn.Module
     if spec.reference is not None:
-        model = pretrained(AutoModelForCausalLM, spec.reference, dtype, zero)
+        model = with_kernels(
+            pretrained(AutoModelForCausalLM, spec.reference, dtype, zero), spec.kernels
+        )
     else:
         model = build_causal_lm(spec, seed, dtype, zero)
     model.requires_grad_(False)
@@ -145,7 +200,7 @@ def build_critic(
     source = spec.critic or spec.policy
     backbone: Any
     if source is not None:
-        backbone = pretrained(AutoModel, source, dtype, zero)
+        backbone = with_kernels(pretrained(AutoModel, source, dtype, zero), spec.kernels)
     else:
         # The same seed as the policy, so the backbone starts from the policy's random weights.
         causal_lm = build_causal_lm(spec, seed, dtype)

@@ -33,6 +33,7 @@ on a live DeepSpeed engine (`save_engine_state`, `load_engine_state`) after them
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,17 +219,96 @@ def write_parts(
 ) -> None:
     """One file of parts: the tensors by parameter name, their addresses and whole shapes in
     the metadata (safetensors: no pickle, so loading runs no code)."""
-    from safetensors.torch import save_file
+    PartFile.of(parts, shapes).write(path)
 
-    metadata = {
-        "format": FORMAT,
-        "parts": json.dumps({name: [part.start, part.numel] for name, (part, _) in parts.items()}),
-        "shapes": json.dumps({name: list(shapes[name]) for name in parts}),
-    }
-    # Own contiguous CPU copies: parts are views of DeepSpeed's flat buffers, which safetensors
-    # refuses (shared storage), and may live on a GPU.
-    tensors = {name: t.detach().reshape(-1).to("cpu", copy=True) for name, (_, t) in parts.items()}
-    save_file(tensors, str(path), metadata=metadata)
+
+Slot = tuple[str, int]
+"""A host buffer's key and size in elements."""
+
+
+class HostBuffers:
+    """Host memory a rank copies its state into, kept from one checkpoint to the next: pinned
+    (page-locked) when the state is on a GPU, so the copies run at the link's speed (measured:
+    28 GB/s on an H200; into ordinary memory, 0.6). Pinning gigabytes takes seconds, so a rank
+    pins its buffers at start on a thread (`reserve_host_buffers`), beside its first steps."""
+
+    def __init__(self) -> None:
+        self._pinned: dict[Slot, Tensor] = {}
+        self._pinning: threading.Thread | None = None
+
+    def pin(self, wanted: list[tuple[Slot, torch.dtype]]) -> None:
+        """Pin buffers for `wanted` on a thread of their own."""
+        self.wait_allocated()
+        self._pinning = threading.Thread(
+            target=self._allocate, args=(wanted,), name="pin-checkpoint-buffers", daemon=True
+        )
+        self._pinning.start()
+
+    def wait_allocated(self) -> None:
+        """Until the buffers asked for are pinned (a snapshot never copies beside the pinning)."""
+        if self._pinning is not None:
+            self._pinning.join()
+
+    def _allocate(self, wanted: list[tuple[Slot, torch.dtype]]) -> None:
+        for slot, dtype in wanted:
+            if slot not in self._pinned:
+                self._pinned[slot] = torch.empty(slot[1], dtype=dtype, pin_memory=True)
+
+    def copy(self, key: str, tensor: Tensor) -> Tensor:
+        """A flat host copy of `tensor`; from a GPU into a pinned buffer (pinned now if none
+        was reserved), asynchronous (see `synchronize`); the buffer is reused by the next
+        checkpoint's copy of `key`."""
+        flat = tensor.detach().reshape(-1)
+        if flat.device.type == "cpu":
+            return flat.clone()
+        slot = (key, flat.numel())
+        buffer = self._pinned.get(slot)
+        if buffer is None or buffer.dtype != flat.dtype:
+            buffer = self._pinned[slot] = torch.empty(
+                flat.numel(), dtype=flat.dtype, pin_memory=True
+            )
+        return buffer.copy_(flat, non_blocking=True)
+
+    @staticmethod
+    def synchronize() -> None:
+        """Wait for every copy from a GPU (they were queued on the current stream)."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """What one file of parts holds, in host memory: written by `write`, now or later."""
+
+    tensors: dict[str, Tensor]
+    metadata: dict[str, str]
+
+    @classmethod
+    def of(
+        cls,
+        parts: Mapping[str, tuple[Part, Tensor]],
+        shapes: Mapping[str, Sequence[int]],
+        buffers: HostBuffers | None = None,
+        prefix: str = "",
+    ) -> PartFile:
+        """Own contiguous host copies of `parts`: they are views of DeepSpeed's flat buffers,
+        which safetensors refuses (shared storage), and may live on a GPU."""
+        buffers = buffers if buffers is not None else HostBuffers()
+        metadata = {
+            "format": FORMAT,
+            "parts": json.dumps(
+                {name: [part.start, part.numel] for name, (part, _) in parts.items()}
+            ),
+            "shapes": json.dumps({name: list(shapes[name]) for name in parts}),
+        }
+        tensors = {name: buffers.copy(prefix + name, t) for name, (_, t) in parts.items()}
+        buffers.synchronize()
+        return cls(tensors, metadata)
+
+    def write(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self.tensors, str(path), metadata=self.metadata)
 
 
 class PartReader:
@@ -352,26 +432,53 @@ def _optimizer_step(engine: Any) -> int:
     return steps.pop() if steps else 0
 
 
-def save_engine_state(engine: Any, directory: Path, rank: int, world_size: int) -> None:
-    """Write this rank's parts of `engine`'s training state into `directory` (every rank of
-    the group calls it; rank 0 also writes `STATE_FILE`)."""
-    directory.mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """One rank's parts of a role's training state, copied to host memory by
+    `snapshot_engine_state`: `write` puts them into a checkpoint directory, then or later
+    (a background checkpoint writes while training goes on)."""
+
+    files: dict[str, PartFile]
+    state_json: str | None
+    """Rank 0's `SavedState` (the group's size, ZeRO stage, optimizer step, scheduler and
+    counters), as the text it writes: serialised at once, since the scheduler goes on."""
+
+    def write(self, directory: Path) -> None:
+        """Into `directory`, whose parent must exist: a write that outlived its checkpoint
+        (its driver gone, the temporary directory removed) fails instead of recreating it."""
+        directory.mkdir(exist_ok=True)
+        for name, part_file in self.files.items():
+            part_file.write(directory / name)
+        if self.state_json is not None:
+            (directory / STATE_FILE).write_text(self.state_json + "\n")
+
+
+def snapshot_engine_state(
+    engine: Any, rank: int, world_size: int, buffers: HostBuffers | None = None
+) -> EngineSnapshot:
+    """This rank's parts of `engine`'s training state, copied to host memory (into `buffers`,
+    reused across checkpoints). Every rank of the group calls it: below ZeRO-3 the gathers are
+    collectives."""
+    if buffers is not None:
+        buffers.wait_allocated()
     prologue = getattr(engine.optimizer, "checkpoint_event_prologue", None)
     if prologue is not None:
         prologue()  # ZeRO-3: every parameter back to its partition
     kinds = (MASTER, *MOMENTS) if _base_state(engine) else (MASTER,)
     params = list(_trainable(engine.module))
     shapes = {name: _shape(param) for name, param in params}
+    files = {}
     for kind in kinds:
         parts = {}
         for name, param in params:
             owned = _owned_part(engine, param, kind, rank)
             if owned is not None:
                 parts[name] = owned
-        write_parts(directory / shard_file(kind, rank), parts, shapes)
+        files[shard_file(kind, rank)] = PartFile.of(parts, shapes, buffers, prefix=f"{kind}/")
+    state_json = None
     if rank == 0:
         scheduler = engine.lr_scheduler
-        state = SavedState(
+        state_json = SavedState(
             world_size=world_size,
             zero_stage=int(engine.zero_optimization_stage()),
             kinds=kinds,
@@ -383,8 +490,35 @@ def save_engine_state(engine: Any, directory: Path, rank: int, world_size: int) 
                 "global_samples": int(engine.global_samples),
                 "skipped_steps": int(engine.skipped_steps),
             },
-        )
-        (directory / STATE_FILE).write_text(state.to_json() + "\n")
+        ).to_json()
+    return EngineSnapshot(files, state_json)
+
+
+def reserve_host_buffers(engine: Any, rank: int, buffers: HostBuffers) -> None:
+    """Start pinning the host buffers `snapshot_engine_state` copies this rank's state of a
+    GPU engine into: its master weights' parts and, of the same sizes, AdamW's two moments
+    (which exist only after the first step). Every rank of the group calls it, as for a
+    snapshot; the pinning itself runs on a thread."""
+    if not torch.cuda.is_available():
+        return
+    prologue = getattr(engine.optimizer, "checkpoint_event_prologue", None)
+    if prologue is not None:
+        prologue()
+    wanted = []
+    for name, param in _trainable(engine.module):
+        owned = _owned_part(engine, param, MASTER, rank)
+        if owned is not None:
+            tensor = owned[1]
+            wanted += [((f"{kind}/{name}", tensor.numel()), tensor.dtype)
+                       for kind in (MASTER, *MOMENTS)]  # fmt: skip
+    buffers.pin(wanted)
+
+
+def save_engine_state(engine: Any, directory: Path, rank: int, world_size: int) -> None:
+    """Write this rank's parts of `engine`'s training state into `directory` (every rank of
+    the group calls it; rank 0 also writes `STATE_FILE`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    snapshot_engine_state(engine, rank, world_size).write(directory)
 
 
 def _set_part(engine: Any, param: Any, kind: str, reader: PartReader, name: str) -> None:

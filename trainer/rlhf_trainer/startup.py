@@ -38,7 +38,7 @@ from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_nam
 from rlhf_trainer.experience import ESTIMATORS
 from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.losses import POLICY_LOSSES
-from rlhf_trainer.models import model_config
+from rlhf_trainer.models import check_kernels, model_config
 from rlhf_trainer.registry import Registry
 from rlhf_trainer.remote_reward import RemoteReward
 from rlhf_trainer.rewards import (
@@ -178,13 +178,15 @@ def build_reward(spec: RLHFJobSpec, decode: Decode | None) -> CombinedReward:
 
 
 def check_model_config(spec: RLHFJobSpec) -> None:
-    """NonRetryableError if the model's config cannot be loaded.
+    """NonRetryableError if the model's config cannot be loaded, or `model.kernels` cannot
+    patch a model of its type.
 
     This imports transformers (seconds): a warm restart skips it, since the attempt that
     started the adopted actors checked the very same spec.
     """
     try:
-        model_config(spec.model)
+        config = model_config(spec.model)
+        check_kernels(spec.model.kernels, getattr(config, "model_type", "") or "")
     except (ValueError, OSError) as error:
         raise NonRetryableError(str(error)) from error
 
