@@ -75,6 +75,8 @@ class ZeroWorker:
 
     state_dir: str | None = None
     """The subdirectory of a checkpoint that holds this role's state (None: it has none)."""
+    engine: Any
+    """The role's DeepSpeed engine that trains (policy, critic), built by `_build`."""
 
     def __init__(self, spec_json: str, rank: int, world_size: int) -> None:
         self.spec = RLHFJobSpec.model_validate_json(spec_json)
@@ -599,7 +601,8 @@ class WorkerGroup:
 
         self._init(spec, role, role_spec, setup_timeout_s, world_size)
         on_gpu = role_spec.gpus > 0
-        actor_class: Any = ray.remote(concurrency_groups={CHECKPOINT_WRITES: 1})(worker_class)
+        remote: Any = ray.remote  # its typed overloads do not list concurrency_groups
+        actor_class: Any = remote(concurrency_groups={CHECKPOINT_WRITES: 1})(worker_class)
         options: dict[str, Any] = {
             "num_cpus": 0 if not on_gpu else 1,
             "num_gpus": 1 if on_gpu else 0,
