@@ -172,6 +172,27 @@ def timed_steps(model: Any, variant: str, batch: Any, micro: int, warmup: int,
     return [timed(step) for _ in range(steps)]
 
 
+def run_header(benchmark: str, args: argparse.Namespace) -> dict[str, Any]:
+    """What a kernels result starts with: the run, its device and versions, the batch's shape,
+    and the bf16 matmul ceiling measured in this process."""
+    import torch
+
+    return {
+        "benchmark": benchmark,
+        "command": f"python benchmarks/gpu/{Path(sys.argv[0]).name} --out DIR",
+        "device": torch.cuda.get_device_name(),
+        "versions": {
+            n: importlib.metadata.version(n)
+            for n in ("torch", "transformers", "liger-kernel", "triton")
+        },
+        "shape": args.shape,
+        "rows": args.rows,
+        "micro_batch": args.micro,
+        "seq_len": args.seq_len,
+        "matmul_tflops": matmul_tflops(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -188,21 +209,7 @@ def main() -> None:
     from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {
-        "benchmark": "gpu-fused-kernels",
-        "command": "python benchmarks/gpu/fused_kernels.py --out DIR",
-        "device": torch.cuda.get_device_name(),
-        "versions": {
-            n: importlib.metadata.version(n)
-            for n in ("torch", "transformers", "liger-kernel", "triton")
-        },
-        "shape": args.shape,
-        "rows": args.rows,
-        "micro_batch": args.micro,
-        "seq_len": args.seq_len,
-        "matmul_tflops": matmul_tflops(),
-        "variants": {},
-    }
+    result = run_header("gpu-fused-kernels", args) | {"variants": {}}
     config = model_config(args.shape)
     batch = synthetic_batch(args.rows, args.prompt_len, args.seq_len, config["vocab_size"])
     batch = batch.to(torch.device("cuda"))

@@ -18,15 +18,14 @@ after it uses it.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from colocated import SHAPES, matmul_tflops, median, model_config, synthetic_batch, update_flops
-from fused_kernels import compare, one_micro_batch, timed_steps
+from colocated import SHAPES, median, model_config, synthetic_batch, update_flops
+from fused_kernels import compare, one_micro_batch, run_header, timed_steps
 
 
 def policy(kernels: str, shape: str) -> Any:
@@ -61,20 +60,7 @@ def main() -> None:
     batch = synthetic_batch(args.rows, args.prompt_len, args.seq_len, config["vocab_size"])
     batch = batch.to(torch.device("cuda"))
     chunk = next(iter(batch.micro_batches(args.micro)))
-    result: dict[str, Any] = {
-        "benchmark": "gpu-kernels-check",
-        "command": "python benchmarks/gpu/kernels_check.py --out DIR",
-        "device": torch.cuda.get_device_name(),
-        "versions": {
-            n: importlib.metadata.version(n)
-            for n in ("torch", "transformers", "liger-kernel", "triton")
-        },
-        "shape": args.shape,
-        "rows": args.rows,
-        "micro_batch": args.micro,
-        "seq_len": args.seq_len,
-        "matmul_tflops": matmul_tflops(),
-    }
+    result = run_header("gpu-kernels-check", args)
     runs: dict[str, Any] = {}
     reference = None
     for kernels in ("eager", "liger"):
