@@ -172,6 +172,20 @@ def timed_steps(model: Any, variant: str, batch: Any, micro: int, warmup: int,
     return [timed(step) for _ in range(steps)]
 
 
+def batch_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a kernels benchmark: where results go, the shape and the batch."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    return parser
+
+
 def run_header(benchmark: str, args: argparse.Namespace) -> dict[str, Any]:
     """What a kernels result starts with: the run, its device and versions, the batch's shape,
     and the bf16 matmul ceiling measured in this process."""
@@ -194,16 +208,7 @@ def run_header(benchmark: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
-    parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--micro", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
+    args = batch_arguments(__doc__).parse_args()
 
     import torch
     from liger_kernel.transformers import apply_liger_kernel_to_qwen2

@@ -17,15 +17,14 @@ after it uses it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from colocated import SHAPES, median, model_config, synthetic_batch, update_flops
-from fused_kernels import compare, one_micro_batch, run_header, timed_steps
+from colocated import median, model_config, synthetic_batch, update_flops
+from fused_kernels import batch_arguments, compare, one_micro_batch, run_header, timed_steps
 
 
 def policy(kernels: str, shape: str) -> Any:
@@ -43,16 +42,7 @@ def policy(kernels: str, shape: str) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
-    parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--micro", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
+    args = batch_arguments(__doc__).parse_args()
 
     import torch
 
