@@ -62,6 +62,22 @@ def immutable(field: str) -> CelRule:
     )
 
 
+_UNCLEAN_PATH = "(^|/)[.][.]?(/|$)|//"
+"""A `.` or `..` segment, or an empty one: a path that names another place once normalised."""
+
+
+def clean_path(field: str) -> CelRule:
+    """`field`, a path, has no `.`, `..` or empty segment: it names the place it reads as, for
+    the rules that compare paths as strings and for the store or runtime that normalises it
+    (a prefix `team-a/../team-b/` is another team's; a mount `/mnt/../mnt/checkpoints` hides
+    the checkpoint volume)."""
+    return CelRule(
+        f"!has(self.{field}) || !self.{field}.matches('{_UNCLEAN_PATH}')",
+        f"{field} must not contain . or .. segments nor //",
+        f".{field}",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Property names as CEL sees them
 

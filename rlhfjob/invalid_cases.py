@@ -480,10 +480,28 @@ INVALID_CASES: list[InvalidCase] = [
         "a reward model scores text, which needs a tokenizer",
     ),
     InvalidCase(
+        "lengths-beyond-the-context-window",
+        _spec(
+            model={
+                **RANDOM_INIT,
+                "randomInit": {"model_type": "qwen2", "max_position_embeddings": 8},
+            },
+            algorithm={"maxPromptLength": 4, "maxResponseLength": 5},
+        ),
+        "spec.algorithm.maxResponseLength",
+        "algorithm.maxPromptLength + algorithm.maxResponseLength exceed the model's context",
+    ),
+    InvalidCase(
         "dataset-synthetic-without-task",
         _spec(dataset={"source": "synthetic:"}),
         "spec.dataset.source",
-        "a synthetic source is synthetic:<task>",
+        "the trainer has no such synthetic task",
+    ),
+    InvalidCase(
+        "dataset-synthetic-task-unknown",
+        _spec(dataset={"source": "synthetic:repeat-target"}),
+        "spec.dataset.source",
+        "the trainer has no such synthetic task: it has copy_first, even_tokens, target_token",
     ),
     # --- Schedule consistency.
     InvalidCase(
@@ -513,6 +531,24 @@ INVALID_CASES: list[InvalidCase] = [
         "spec.algorithm.totalSteps",
     ),
     # --- Checkpoint volume and path: the pod API would refuse the mount.
+    InvalidCase(
+        "checkpoint-path-with-dot-dot",
+        _spec(checkpoint={"path": "/mnt/checkpoints/../../etc"}),
+        "spec.checkpoint.path",
+        "path must not contain . or .. segments nor //",
+    ),
+    InvalidCase(
+        "checkpoint-path-with-empty-segment",
+        _spec(checkpoint={"path": "/mnt//checkpoints"}),
+        "spec.checkpoint.path",
+        "path must not contain . or .. segments nor //",
+    ),
+    InvalidCase(
+        "object-store-prefix-up",
+        _spec(checkpoint={"objectStore": {"bucket": "ckpt", "prefix": "team-a/../team-b/"}}),
+        "spec.checkpoint.objectStore.prefix",
+        "prefix must not contain . or .. segments nor //",
+    ),
     InvalidCase(
         "checkpoint-path-root",
         _spec(checkpoint={"path": "/"}),

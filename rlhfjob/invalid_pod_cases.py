@@ -160,7 +160,13 @@ POD_OVERRIDE_CASES: list[InvalidCase] = [
         "mount-sub-path-up",
         _spec(pods={**MODELS, "volumeMounts": [MOUNT | {"subPath": "a/../../etc"}]}),
         "spec.pods.volumeMounts[0].subPath",
-        "subPath must not contain ..",
+        "subPath must not contain . or .. segments nor //",
+    ),
+    InvalidCase(
+        "mount-path-with-dot-dot",
+        _spec(pods={**MODELS, "volumeMounts": [MOUNT | {"mountPath": "/mnt/../mnt/checkpoints"}]}),
+        "spec.pods.volumeMounts[0].mountPath",
+        "mountPath must not contain . or .. segments nor //",
     ),
     InvalidCase(
         "mount-sub-path-absolute",

@@ -15,7 +15,7 @@ def valid_job(name: str = "valid-job") -> dict[str, Any]:
         "spec": {
             "image": "example.com/trainer:1",
             "model": {"policy": "/models/tiny"},
-            "dataset": {"source": "synthetic:repeat-target"},
+            "dataset": {"source": "synthetic:target_token"},
             "reward": {"function": "tasks:score"},
             "algorithm": {"name": "grpo", "totalSteps": 10},
             "roles": {"trainer": {}, "rollout": {"backend": "hf"}},

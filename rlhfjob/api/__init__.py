@@ -120,6 +120,7 @@ from rlhfjob.api.status import (
 from rlhfjob.api.training import (
     LIGER_MODEL_TYPES,
     POD_PLACES,
+    SYNTHETIC_TASKS,
     CheckpointSpec,
     DatasetSpec,
     LivenessSpec,
@@ -189,6 +190,7 @@ __all__ = [
     "SHM_VOLUME",
     "SHORT_NAMES",
     "SINGULAR",
+    "SYNTHETIC_TASKS",
     "VERSION",
     "WRITABLE_PATHS",
     "AlgorithmSpec",

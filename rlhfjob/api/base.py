@@ -277,7 +277,13 @@ _RANDOM_INIT_RULES = (
     ),
 )
 _RANDOM_INIT_SCHEMA = _open_object(
-    {"model_type": {"type": "string", "description": "The Hugging Face model type (qwen2)."}},
+    {
+        "model_type": {"type": "string", "description": "The Hugging Face model type (qwen2)."},
+        "max_position_embeddings": {
+            "type": "integer",
+            "description": "The context window: maxPromptLength + maxResponseLength must fit.",
+        },
+    },
     _RANDOM_INIT_RULES,
 )
 RandomInitConfig = Annotated[

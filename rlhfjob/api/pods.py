@@ -38,7 +38,7 @@ from rlhfjob.api.base import (
     _one_volume_source,
     _validations,
 )
-from rlhfjob.cel import CelRule
+from rlhfjob.cel import CelRule, clean_path
 
 
 def _free_mount_path(field: str) -> CelRule:
@@ -235,11 +235,8 @@ class VolumeMount(ApiModel):
 
     cel_rules = (
         _free_mount_path("mountPath"),
-        CelRule(
-            "!has(self.subPath) || !self.subPath.matches('(^|/)[.][.](/|$)')",
-            "subPath must not contain ..",
-            ".subPath",
-        ),
+        clean_path("mountPath"),
+        clean_path("subPath"),
     )
 
 

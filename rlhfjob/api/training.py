@@ -22,7 +22,7 @@ from rlhfjob.api.base import (
 )
 from rlhfjob.api.placement import ROLE_NAMES, HeadSpec, Roles, RoleSpec
 from rlhfjob.api.pods import ObjectName, PodDefaults, PodOverrides, _free_mount_path
-from rlhfjob.cel import CelRule, immutable
+from rlhfjob.cel import CelRule, clean_path, immutable
 
 LIGER_MODEL_TYPES = (
     "gemma", "gemma2", "granite", "llama", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen3",
@@ -75,12 +75,17 @@ class ModelSpec(ApiModel):
     )
 
 
+SYNTHETIC_TASKS = ("copy_first", "even_tokens", "target_token")
+"""The synthetic tasks the trainer has (`dataset.source: synthetic:<task>`): the API refuses
+another at apply, and `rlhf_trainer.tasks` implements exactly these (a unit test holds both)."""
+
+
 class DatasetSpec(ApiModel):
     """Where prompts come from."""
 
     source: str = Field(min_length=1, max_length=4096)
     """A JSON-lines file, a Parquet file (`.parquet`) — a path in the image or on a volume —
-    or `synthetic:<task>`."""
+    or `synthetic:<task>` (a task the trainer has: copy_first, even_tokens or target_token)."""
     prompt_field: str = Field(default="prompt", min_length=1)
     """The field of each record that holds the prompt: token ids, text, or chat messages (a list
     of {role, content} objects). Text and messages need a tokenizer (model.tokenizer)."""
@@ -96,8 +101,8 @@ class DatasetSpec(ApiModel):
     cel_rules = (
         CelRule(
             "!self.source.startsWith('synthetic:')"
-            " || self.source.matches('^synthetic:[A-Za-z0-9_-]+$')",
-            "a synthetic source is synthetic:<task>, the task's name of [A-Za-z0-9_-]",
+            f" || {cel_in('self.source', tuple(f'synthetic:{t}' for t in SYNTHETIC_TASKS))}",
+            f"the trainer has no such synthetic task: it has {', '.join(SYNTHETIC_TASKS)}",
             ".source",
         ),
     )
@@ -266,6 +271,8 @@ class ObjectStoreSpec(ApiModel):
     """Complete checkpoints the trainer keeps in the bucket; it deletes older ones of this job
     (never anything else; the operator deletes none). Unset: checkpoint.keepLast."""
 
+    cel_rules = (clean_path("prefix"),)
+
 
 class CheckpointSpec(ApiModel):
     """Where and how often the trainer checkpoints; the operator never deletes checkpoints."""
@@ -294,6 +301,7 @@ class CheckpointSpec(ApiModel):
 
     cel_rules = (
         _free_mount_path("path"),
+        clean_path("path"),
         CelRule(
             "!has(self.objectStore) || !has(self.objectStore.intervalSteps)"
             " || self.objectStore.intervalSteps % self.intervalSteps == 0",
@@ -472,6 +480,14 @@ class RLHFJobSpec(ApiModel):
             " || (has(self.roles.trainer.gpus) && self.roles.trainer.gpus >= 1)",
             "model.kernels liger runs Triton kernels on GPUs: it needs roles.trainer.gpus >= 1",
             ".model.kernels",
+        ),
+        CelRule(
+            "!has(self.model.randomInit) || !has(self.model.randomInit.max_position_embeddings)"
+            " || self.algorithm.maxPromptLength + self.algorithm.maxResponseLength"
+            " <= self.model.randomInit.max_position_embeddings",
+            "algorithm.maxPromptLength + algorithm.maxResponseLength exceed the model's context "
+            "window (model.randomInit.max_position_embeddings)",
+            ".algorithm.maxResponseLength",
         ),
         CelRule(
             "!has(self.algorithm.stopStrings) || size(self.algorithm.stopStrings) == 0"

@@ -108,12 +108,33 @@ def test_a_model_config_that_cannot_load_is_non_retryable_unless_the_check_is_le
     spec = load_job(EXAMPLE).spec
     model = spec.model.model_copy(update={"random_init": {"model_type": "no-such-model"}})
     spec = spec.model_copy(update={"model": model})
-    with pytest.raises(NonRetryableError, match="no-such-model"):
+    with pytest.raises(
+        NonRetryableError, match=r"spec\.model\.randomInit\.model_type: .*no-such-model"
+    ):
         load_inputs(spec)
     # A warm restart leaves it out: the attempt that started the adopted actors checked it.
     assert len(load_inputs(spec, check_model=False).prompts) > 0
     with pytest.raises(NonRetryableError):
         check_model_config(spec)
+
+
+def test_lengths_beyond_the_models_context_window_are_non_retryable(tmp_path):
+    """The windows the API cannot see at apply: a model type's default (GPT-2: 1024 positions)
+    and a saved model's config.json."""
+    from transformers import Qwen2Config
+
+    from rlhf_trainer.loop import NonRetryableError, check_model_config
+
+    spec = load_job(EXAMPLE).spec
+    long = spec.algorithm.model_copy(update={"max_prompt_length": 512, "max_response_length": 513})
+    default_window = spec.model.model_copy(update={"random_init": {"model_type": "gpt2"}})
+    with pytest.raises(NonRetryableError, match=r"maxResponseLength.*\(512 \+ 513\).* 1024 "):
+        check_model_config(spec.model_copy(update={"model": default_window, "algorithm": long}))
+    Qwen2Config(vocab_size=16, max_position_embeddings=12).save_pretrained(tmp_path)
+    saved = spec.model.model_copy(update={"random_init": None, "policy": str(tmp_path)})
+    with pytest.raises(NonRetryableError, match="context window of 12 tokens"):
+        check_model_config(spec.model_copy(update={"model": saved}))  # 8 + 8 tokens
+    check_model_config(spec)  # the example's 8 + 8 fit its 64
 
 
 def test_train_without_a_job_file_is_non_retryable(monkeypatch, capsys):

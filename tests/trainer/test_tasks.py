@@ -63,6 +63,12 @@ def test_copy_first_draws_the_first_token_from_a_small_set() -> None:
     assert len({token for prompt in prompts for token in prompt[1:]}) > 4
 
 
+def test_the_trainer_has_exactly_the_tasks_the_api_admits() -> None:
+    from rlhfjob.api import SYNTHETIC_TASKS
+
+    assert sorted(tasks.TASKS) == sorted(SYNTHETIC_TASKS)
+
+
 def test_unknown_task_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown synthetic task 'nope'; known tasks: copy_first"):
         get_task("nope")

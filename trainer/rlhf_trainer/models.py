@@ -40,7 +40,10 @@ def hf_config(config: dict[str, Any]) -> Any:
     model_type = fields.pop("model_type", None)
     if not model_type:
         raise ValueError("spec.model.randomInit needs model_type (for example qwen2)")
-    return AutoConfig.for_model(model_type, **fields)
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except ValueError as error:  # a model type this transformers does not know
+        raise ValueError(f"spec.model.randomInit.model_type: {error}") from error
 
 
 def model_config(spec: ModelSpec) -> Any:
@@ -51,6 +54,31 @@ def model_config(spec: ModelSpec) -> Any:
         return hf_config(spec.random_init)
     assert spec.policy is not None  # the API requires exactly one of policy and randomInit
     return AutoConfig.from_pretrained(spec.policy)
+
+
+#: Where a transformers config keeps its context window (most types; GPT-2 and its kin).
+CONTEXT_WINDOW_KEYS = ("max_position_embeddings", "n_positions")
+
+
+def check_context_window(config: Any, prompt_tokens: int, response_tokens: int) -> None:
+    """ValueError when a prompt and its response can exceed the policy's context window:
+    generation would fail (vLLM refuses the request) or run past the positions the model has.
+    The API refuses it at apply where the window is in `randomInit`; this is the check for a
+    saved model's `config.json` and for a model type's default window."""
+    window = next(
+        (
+            value
+            for key in CONTEXT_WINDOW_KEYS
+            if isinstance(value := getattr(config, key, None), int)
+        ),
+        None,
+    )
+    if window is not None and prompt_tokens + response_tokens > window:
+        raise ValueError(
+            "spec.algorithm.maxResponseLength: algorithm.maxPromptLength + "
+            f"algorithm.maxResponseLength ({prompt_tokens} + {response_tokens}) exceed the "
+            f"policy's context window of {window} tokens (its config's max_position_embeddings)"
+        )
 
 
 def pretrained(
