@@ -492,6 +492,15 @@ INVALID_CASES: list[InvalidCase] = [
         "algorithm.maxPromptLength + algorithm.maxResponseLength exceed the model's context",
     ),
     InvalidCase(
+        "lengths-beyond-gpt2s-n-positions",
+        _spec(
+            model={**RANDOM_INIT, "randomInit": {"model_type": "gpt2", "n_positions": 8}},
+            algorithm={"maxPromptLength": 4, "maxResponseLength": 5},
+        ),
+        "spec.algorithm.maxResponseLength",
+        "context window (model.randomInit.max_position_embeddings or n_positions)",
+    ),
+    InvalidCase(
         "dataset-synthetic-without-task",
         _spec(dataset={"source": "synthetic:"}),
         "spec.dataset.source",

@@ -18,6 +18,7 @@ from rlhfjob.api.algorithm import (
 from rlhfjob.api.base import (
     API_VERSION,
     CHECKPOINT_VOLUME,
+    CONTEXT_WINDOW_KEYS,
     DERIVED_NAME_SUFFIXES,
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
@@ -139,6 +140,7 @@ __all__ = [
     "API_VERSION",
     "CHECKPOINT_VOLUME",
     "COLOCATED",
+    "CONTEXT_WINDOW_KEYS",
     "DERIVED_NAME_SUFFIXES",
     "DNS_LABEL_PATTERN",
     "DNS_SUBDOMAIN_PATTERN",

@@ -276,12 +276,17 @@ _RANDOM_INIT_RULES = (
         ".model_type",
     ),
 )
+CONTEXT_WINDOW_KEYS = ("max_position_embeddings", "n_positions")
+"""Where a transformers config keeps its context window (most model types; GPT-2 and its kin)."""
 _RANDOM_INIT_SCHEMA = _open_object(
     {
         "model_type": {"type": "string", "description": "The Hugging Face model type (qwen2)."},
-        "max_position_embeddings": {
-            "type": "integer",
-            "description": "The context window: maxPromptLength + maxResponseLength must fit.",
+        **{
+            key: {
+                "type": "integer",
+                "description": "The context window: maxPromptLength + maxResponseLength must fit.",
+            }
+            for key in CONTEXT_WINDOW_KEYS
         },
     },
     _RANDOM_INIT_RULES,

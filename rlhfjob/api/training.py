@@ -12,6 +12,7 @@ from pydantic import (
 
 from rlhfjob.api.algorithm import AlgorithmSpec, cel_in, critic_estimators
 from rlhfjob.api.base import (
+    CONTEXT_WINDOW_KEYS,
     DNS_SUBDOMAIN_PATTERN,
     HTTP_URL_PATTERN,
     IMAGE_PATTERN,
@@ -404,6 +405,17 @@ def _mounts_name_a_volume(place: str) -> CelRule:
     )
 
 
+def _lengths_fit_the_window() -> str:
+    """A prompt and its response fit a `randomInit` policy's context window, where its config
+    sets one (the first of `CONTEXT_WINDOW_KEYS` it has); the driver checks the others."""
+    lengths = "self.algorithm.maxPromptLength + self.algorithm.maxResponseLength"
+    fits = "true"
+    for key in reversed(CONTEXT_WINDOW_KEYS):
+        window = f"self.model.randomInit.{key}"
+        fits = f"(has({window}) ? {lengths} <= {window} : {fits})"
+    return f"!has(self.model.randomInit) || {fits}"
+
+
 def _mounts_avoid_the_checkpoint(mounts: str) -> CelRule:
     return CelRule(
         f"!({_present(mounts)}) || !has(self.checkpoint) || self.{mounts}.all(m,"
@@ -482,11 +494,9 @@ class RLHFJobSpec(ApiModel):
             ".model.kernels",
         ),
         CelRule(
-            "!has(self.model.randomInit) || !has(self.model.randomInit.max_position_embeddings)"
-            " || self.algorithm.maxPromptLength + self.algorithm.maxResponseLength"
-            " <= self.model.randomInit.max_position_embeddings",
+            _lengths_fit_the_window(),
             "algorithm.maxPromptLength + algorithm.maxResponseLength exceed the model's context "
-            "window (model.randomInit.max_position_embeddings)",
+            f"window (model.randomInit.{' or '.join(CONTEXT_WINDOW_KEYS)})",
             ".algorithm.maxResponseLength",
         ),
         CelRule(

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from rlhf_trainer.zero import partitioned_loading
-from rlhfjob.api import ModelSpec
+from rlhfjob.api import CONTEXT_WINDOW_KEYS, ModelSpec
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -56,10 +56,6 @@ def model_config(spec: ModelSpec) -> Any:
     return AutoConfig.from_pretrained(spec.policy)
 
 
-#: Where a transformers config keeps its context window (most types; GPT-2 and its kin).
-CONTEXT_WINDOW_KEYS = ("max_position_embeddings", "n_positions")
-
-
 def check_context_window(config: Any, prompt_tokens: int, response_tokens: int) -> None:
     """ValueError when a prompt and its response can exceed the policy's context window:
     generation would fail (vLLM refuses the request) or run past the positions the model has.
@@ -77,7 +73,8 @@ def check_context_window(config: Any, prompt_tokens: int, response_tokens: int) 
         raise ValueError(
             "spec.algorithm.maxResponseLength: algorithm.maxPromptLength + "
             f"algorithm.maxResponseLength ({prompt_tokens} + {response_tokens}) exceed the "
-            f"policy's context window of {window} tokens (its config's max_position_embeddings)"
+            f"policy's context window of {window} tokens (its config's "
+            f"{' or '.join(CONTEXT_WINDOW_KEYS)})"
         )
 
 
