@@ -410,6 +410,103 @@ _BAD_NAME = st.one_of(
 )
 
 
+# Rules that tie a field to another, to the model or to a name the trainer must have (issue 28).
+
+_SEGMENT = st.from_regex(r"[a-z0-9_-]{1,8}", fullmatch=True)
+
+
+def _path_with_a_bad_segment(absolute: bool) -> st.SearchStrategy[str]:
+    """A path with a `.`, `..` or empty segment somewhere (a clean path otherwise)."""
+    parts = st.tuples(
+        st.lists(_SEGMENT, max_size=3),
+        st.sampled_from([".", "..", ""]),
+        st.lists(_SEGMENT, max_size=3),
+        st.booleans(),  # a trailing slash
+    )
+    return parts.map(
+        lambda p: ("/" if absolute else "") + "/".join([*p[0], p[1], *p[2]]) + ("/" if p[3] else "")
+    ).filter(lambda v: re2.search(cel.UNCLEAN_PATH, v) is not None)
+
+
+def _clean_path(absolute: bool) -> st.SearchStrategy[str]:
+    return st.lists(_SEGMENT, min_size=1, max_size=4).map(
+        lambda parts: ("/" if absolute else "") + "/".join(parts)
+    )
+
+
+_A_VOLUME = ((("spec", "pods", "volumes"), [{"name": "fuzz-data", "emptyDir": {}}]),)
+
+
+def _mount(**fields: Any) -> list[dict[str, Any]]:
+    return [{"name": "fuzz-data", **fields}]
+
+
+def _path_targets() -> Iterator[Target]:
+    """Paths compared as strings must be clean: the checkpoint's, a bucket prefix, mounts."""
+    yield Target(
+        "spec.checkpoint.path",
+        ("spec", "checkpoint", "path"),
+        _path_with_a_bad_segment(absolute=True),
+        _clean_path(absolute=True).map(lambda v: "/mnt" + v),
+    )
+    yield Target(
+        "spec.checkpoint.objectStore.prefix",
+        ("spec", "checkpoint", "objectStore"),
+        _path_with_a_bad_segment(absolute=False)
+        .filter(lambda v: not v.startswith("/"))
+        .map(lambda v: {"bucket": "fuzz-bucket", "prefix": v.rstrip("/") + "/"}),
+        _clean_path(absolute=False).map(lambda v: {"bucket": "fuzz-bucket", "prefix": v + "/"}),
+    )
+    yield Target(
+        "spec.pods.volumeMounts[0].mountPath",
+        ("spec", "pods", "volumeMounts"),
+        _path_with_a_bad_segment(absolute=True)
+        .filter(lambda v: len(v) >= 2)
+        .map(lambda v: _mount(mountPath="/data" + v)),
+        _clean_path(absolute=True).map(lambda v: _mount(mountPath="/data" + v)),
+        also=_A_VOLUME,
+    )
+    yield Target(
+        "spec.pods.volumeMounts[0].subPath",
+        ("spec", "pods", "volumeMounts"),
+        _path_with_a_bad_segment(absolute=False)
+        .filter(lambda v: not v.startswith("/"))
+        .map(lambda v: _mount(mountPath="/data/fuzz", subPath=v)),
+        _clean_path(absolute=False).map(lambda v: _mount(mountPath="/data/fuzz", subPath=v)),
+        also=_A_VOLUME,
+    )
+
+
+def _context_window_target() -> Target:
+    """Prompt plus response beyond a `randomInit` model's window: the response length is blamed.
+    Every base asks for at least 16 tokens, so a window below that is too small for any."""
+    model = st.fixed_dictionaries(
+        {"model_type": st.sampled_from(["llama", "qwen2", "gpt2"]), "vocab_size": st.just(16)}
+    )
+    window = st.sampled_from(api.CONTEXT_WINDOW_KEYS)
+
+    def random_init(window_size: st.SearchStrategy[int]) -> st.SearchStrategy[dict[str, Any]]:
+        return st.tuples(model, window, window_size).map(lambda t: {**t[0], t[1]: t[2]})
+
+    return Target(
+        "spec.algorithm.maxResponseLength",
+        ("spec", "model", "randomInit"),
+        random_init(st.integers(1, 15)),
+        random_init(st.integers(1, 10**6)),
+        also=((("spec", "model", "policy"), _DELETE),),
+    )
+
+
+def _synthetic_task_target() -> Target:
+    """A synthetic task must be one the trainer has (`api.SYNTHETIC_TASKS`)."""
+    return Target(
+        "spec.dataset.source",
+        ("spec", "dataset", "source"),
+        _text(16).filter(lambda v: v not in api.SYNTHETIC_TASKS).map(lambda v: f"synthetic:{v}"),
+        st.sampled_from(api.SYNTHETIC_TASKS).map(lambda v: f"synthetic:{v}"),
+    )
+
+
 @cache
 def targets() -> tuple[Target, ...]:
     """Every field a case may set."""
@@ -433,6 +530,9 @@ def targets() -> tuple[Target, ...]:
             also=((("spec", "model", "policy"), _DELETE),),
         )
     )
+    found.extend(_path_targets())
+    found.append(_context_window_target())
+    found.append(_synthetic_task_target())
     return tuple(found)
 
 

@@ -62,7 +62,7 @@ def immutable(field: str) -> CelRule:
     )
 
 
-_UNCLEAN_PATH = "(^|/)[.][.]?(/|$)|//"
+UNCLEAN_PATH = "(^|/)[.][.]?(/|$)|//"
 """A `.` or `..` segment, or an empty one: a path that names another place once normalised."""
 
 
@@ -72,7 +72,7 @@ def clean_path(field: str) -> CelRule:
     (a prefix `team-a/../team-b/` is another team's; a mount `/mnt/../mnt/checkpoints` hides
     the checkpoint volume)."""
     return CelRule(
-        f"!has(self.{field}) || !self.{field}.matches('{_UNCLEAN_PATH}')",
+        f"!has(self.{field}) || !self.{field}.matches('{UNCLEAN_PATH}')",
         f"{field} must not contain . or .. segments nor //",
         f".{field}",
     )

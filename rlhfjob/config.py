@@ -32,15 +32,19 @@ def describe_errors(error: ValidationError) -> list[str]:
     """Render pydantic errors as `field.path: message` lines (wire names, camelCase)."""
     lines = []
     for item in error.errors():
-        path = ""
+        where = ""
         for part in item["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else f".{part}"
-        field = item.get("ctx", {}).get("field") if item["type"] in _BLAMING else None
-        if field:  # the field (or entry) a rule blames, as the server does
-            path += field if field.startswith("[") else f".{field}"
-        path = path.lstrip(".")
+            where += f"[{part}]" if isinstance(part, int) else f".{part}"
+        context = item.get("ctx", {})
+        field = context.get("field") if item["type"] in _BLAMING else None
         message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {message}" if path else message)
+        # A node's other broken rules (`rlhfjob.api.base._rule_error`), one line each.
+        for blamed, text in [(field, message), *context.get("also", ())]:
+            path = where
+            if blamed:  # the field (or entry) a rule blames, as the server does
+                path += blamed if blamed.startswith("[") else f".{blamed}"
+            path = path.lstrip(".")
+            lines.append(f"{path}: {text}" if path else text)
     return lines
 
 

@@ -86,6 +86,19 @@ def test_several_problems_are_all_reported() -> None:
     assert {"spec.algorithm.groupSize", "spec.algorithm.klCoef"} <= fields
 
 
+def test_every_broken_rule_of_one_object_is_reported() -> None:
+    """Two CEL rules of the spec broken at once: both named, as the API server names them (a
+    user fixing one should not meet the other only on the next try)."""
+    document = valid_job()
+    del document["spec"]["model"]["policy"]
+    document["spec"]["model"]["randomInit"] = {"model_type": "llama", "n_positions": 4}
+    document["spec"]["algorithm"]["stopStrings"] = ["</answer>"]
+    with pytest.raises(InvalidJobError) as raised:
+        parse_job(document)
+    fields = {line.split(":")[0] for line in raised.value.problems}
+    assert {"spec.algorithm.maxResponseLength", "spec.algorithm.stopStrings"} <= fields
+
+
 def test_every_defaulted_section_is_valid_on_its_own() -> None:
     """A default that breaks a rule would fail with no field to blame; keep them consistent."""
     for field in RLHFJobSpec.model_fields.values():

@@ -79,6 +79,11 @@ def test_targets_cover_the_fields_whose_syntax_lives_in_cel() -> None:
         "spec.model.randomInit.model_type",
         "spec.reward.remote.url",
         "spec.checkpoint.path",
+        "spec.checkpoint.objectStore.prefix",
+        "spec.pods.volumeMounts[0].mountPath",
+        "spec.pods.volumeMounts[0].subPath",
+        "spec.algorithm.maxResponseLength",
+        "spec.dataset.source",
     ):
         assert expected in fields, expected
 

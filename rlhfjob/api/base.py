@@ -165,18 +165,29 @@ def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{value}'" for value in values) + "]"
 
 
-def _rule_error(rule: CelRule) -> PydanticCustomError:
-    """The error of a broken rule, blaming the field it names as the API server does."""
-    field = (rule.field_path or "").lstrip(".")
-    return PydanticCustomError("cel_rule", "{message}", {"message": rule.message, "field": field})
+def _rule_error(rules: list[CelRule]) -> PydanticCustomError:
+    """One error for every broken rule of a node, each blaming the field it names, as the API
+    server reports them all. Pydantic takes one error from a validator, so the first rule is
+    the error and the others ride in its context (`also`); `rlhfjob.config.describe_errors`
+    writes a line for each."""
+    first, *others = rules
+    return PydanticCustomError(
+        "cel_rule",
+        "{message}",
+        {
+            "message": first.message,
+            "field": (first.field_path or "").lstrip("."),
+            "also": [((r.field_path or "").lstrip("."), r.message) for r in others],
+        },
+    )
 
 
 def _checked(rules: tuple[CelRule, ...], schema: dict[str, Any] | None = None) -> AfterValidator:
     """An after-validator that evaluates a field's own CEL `rules` (those of its schema)."""
 
     def check(value: Any) -> Any:
-        for rule in cel.broken(rules, value, schema):
-            raise _rule_error(rule)
+        if broken := cel.broken(rules, value, schema):
+            raise _rule_error(broken)
         return value
 
     return AfterValidator(check)
@@ -363,8 +374,8 @@ class ApiModel(BaseModel):
             return self
         wire = self.model_dump(by_alias=True, exclude_none=True, mode="json")
         schema, defs = self.cel_schema()
-        for rule in cel.broken(self.cel_rules, wire, schema, defs):
-            raise _rule_error(rule)
+        if broken := cel.broken(self.cel_rules, wire, schema, defs):
+            raise _rule_error(broken)
         return self
 
     @classmethod
