@@ -330,7 +330,9 @@ class RecoverySpec(ApiModel):
     max_restarts: int = Field(default=3, ge=0, le=1000)
     """Restarts before the job is Failed (RestartsExhausted)."""
     backoff_seconds: int = Field(default=10, ge=0)
-    """Seconds before the first restart; doubles with each restart, up to maxBackoffSeconds."""
+    """Seconds before restarting a trainer that failed before it trained a step (a start that
+    fails); doubles with each such failure in a row, up to maxBackoffSeconds. A trainer that
+    had trained and then failed (a killed driver, a lost node) restarts at once."""
     max_backoff_seconds: int = Field(default=300, ge=0)
     """Seconds at which the doubling restart delay stops growing."""
     restart_strategy: Literal["InPlaceFirst", "RecreateCluster"] = "InPlaceFirst"

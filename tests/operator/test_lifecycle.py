@@ -547,6 +547,40 @@ def test_same_world_same_plan() -> None:
     assert decide(seen) == decide(seen)
 
 
+def test_a_trainer_that_trained_restarts_at_once_and_a_failing_start_backs_off() -> None:
+    """The backoff is for starts that keep failing: a trainer killed mid-run is resubmitted
+    at once, however many restarts came before; failures before a first step double it."""
+    checkpoint = {"step": 20, "path": "/ckpt/step-20"}
+    recovery = {"backoffSeconds": 10, "maxRestarts": 9}
+
+    def fail(status: dict, now: int, attempt: int):
+        job = make_job(status, recovery=recovery)
+        seen = Observed(job=job, now=at(now), created=at(0), cluster=ready_cluster(),
+                        ray_job=ray_job("FAILED", attempt=attempt, exit_code=1))  # fmt: skip
+        return decide(seen)
+
+    trained = fail(running(lastCheckpoint=checkpoint, currentStep=23), 100, 0)
+    assert trained.requeue_after == 0
+    job = make_job(trained.status.wire(), recovery=recovery)
+    again = decide(
+        Observed(
+            job=job, now=at(100), created=at(0), cluster=ready_cluster(), ray_job=ray_job("FAILED")
+        )
+    )
+    assert SubmitRayJob("job-12345678-1", resume=True) in again.actions, "no backoff"
+    # Attempt 1 dies before its first step: 10 s; attempt 2 too: 20 s.
+    first = fail(again.status.wire(), 110, 1)
+    assert first.requeue_after == 10
+    second = fail({**first.status.wire(), "phase": "Running"}, 130, 2)
+    assert second.requeue_after == 20
+    # Attempt 3 trains a step past its checkpoint, then dies: at once again.
+    status = second.status.wire()
+    status["restartHistory"][-1]["resumedTime"] = at(150).isoformat()
+    third = fail({**status, "phase": "Running"}, 160, 3)
+    assert third.requeue_after == 0
+    assert third.status.restart_count == 4
+
+
 def test_backoff_doubles_and_is_capped() -> None:
     job = make_job(recovery={"backoffSeconds": 10, "maxBackoffSeconds": 35})
     assert [backoff_seconds(job, n) for n in range(5)] == [0, 10, 20, 35, 35]

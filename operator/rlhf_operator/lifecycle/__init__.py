@@ -48,7 +48,7 @@ from rlhf_operator.lifecycle.plan import (
     SubmitRayJob,
 )
 from rlhf_operator.lifecycle.provisioning import dashboard_retry_at
-from rlhf_operator.lifecycle.shared import backoff_seconds
+from rlhf_operator.lifecycle.shared import backoff_seconds, restart_delay
 from rlhf_operator.lifecycle.training import trainer_failure_summary
 from rlhf_operator.texts import MESSAGE_LIMIT
 
@@ -76,5 +76,6 @@ __all__ = [
     "backoff_seconds",
     "dashboard_retry_at",
     "decide",
+    "restart_delay",
     "trainer_failure_summary",
 ]

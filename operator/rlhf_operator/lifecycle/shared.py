@@ -19,7 +19,7 @@ from rlhf_operator.lifecycle.plan import (
     StopRayJob,
 )
 from rlhf_operator.texts import RESTART_MESSAGE_LIMIT, trim
-from rlhfjob.api import MAX_RESTART_HISTORY, Phase, RestartRecord, RLHFJob
+from rlhfjob.api import MAX_RESTART_HISTORY, Phase, RestartRecord, RLHFJob, RLHFJobStatus
 from rlhfjob.contract import EventReason, FailureReason, RestartReason
 
 LATEST = datetime.max.replace(tzinfo=UTC)
@@ -72,7 +72,7 @@ def restart(
     resumed = f"step {checkpoint.step}" if checkpoint else "the start"
     which = "a resize" if resize else f"restart {b.failures()}/{budget}"
     b.enter(Phase.RECOVERING, f"{which} from {resumed}: {message}", reason=reason)
-    b.requeue(0 if resize else backoff_seconds(b.job, b.failures()))
+    b.requeue(0 if resize else restart_delay(b.job, b.status))
 
 
 def recreate_cluster(
@@ -117,8 +117,38 @@ def after(when: datetime, seconds: float) -> datetime:
         return LATEST
 
 
+def failures_in_a_row(status: RLHFJobStatus) -> int:
+    """Failed attempts since the trainer last trained a step, the newest failure included.
+
+    The attempt that failed into restart record `i` is the one record `i - 1` started (the
+    job's first attempt for `i == 0`); it trained if the operator saw it finish a step past its
+    checkpoint (`resumedTime`; for the first attempt, any step). Resizes are not failures.
+    """
+    history = status.restart_history
+    count = 0
+    for index in range(len(history) - 1, -1, -1):
+        if history[index].reason == RestartReason.TRAINER_RESIZED:
+            continue
+        if index > 0:
+            trained = history[index - 1].resumed_time is not None
+        else:
+            trained = bool(status.current_step)
+        if trained:
+            break
+        count += 1
+    return count
+
+
+def restart_delay(job: RLHFJob, status: RLHFJobStatus) -> float:
+    """Seconds between a restart's decision and its submission: none after an attempt that
+    trained (a killed driver, a lost node: its actors or checkpoint are waiting, and waiting
+    helps nothing), the doubling backoff after attempts that failed before their first step (a
+    start that keeps failing, where something outside may need time)."""
+    return backoff_seconds(job, failures_in_a_row(status))
+
+
 def backoff_seconds(job: RLHFJob, restarts: int) -> float:
-    """Exponential backoff before restart number `restarts` (1-based), capped."""
+    """Exponential backoff before the `restarts`-th failure in a row (1-based), capped."""
     recovery = job.spec.recovery
     if restarts <= 0:
         return 0.0

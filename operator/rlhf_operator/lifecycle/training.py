@@ -16,7 +16,7 @@ from rlhf_operator.lifecycle.plan import (
     StopRayJob,
     SubmitRayJob,
 )
-from rlhf_operator.lifecycle.shared import after, backoff_seconds
+from rlhf_operator.lifecycle.shared import after, restart_delay
 from rlhf_operator.views import RayJobView
 from rlhfjob.api import Phase
 from rlhfjob.contract import (
@@ -145,9 +145,9 @@ def submit(b: PlanBuilder) -> None:
         b.status.message = f"waiting for the previous trainer {previous.submission_id} to stop"
         b.requeue(1)
         return
-    failures, history = b.failures(), b.status.restart_history
-    if failures and history and history[-1].reason != RestartReason.TRAINER_RESIZED:
-        due = after(history[-1].time, backoff_seconds(b.job, failures))
+    history = b.status.restart_history
+    if history and history[-1].reason != RestartReason.TRAINER_RESIZED:
+        due = after(history[-1].time, restart_delay(b.job, b.status))
         if b.seen.now < due:
             b.requeue((due - b.seen.now).total_seconds())
             return
