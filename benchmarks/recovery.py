@@ -34,7 +34,8 @@ from rlhf_local.jobs import Jobs
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.session import operator_session
 
-TARGET_IN_PLACE_S = 20.0
+TARGET_IN_PLACE_S = 5.0
+"""Issue 28: a killed driver back to its next step at p50 within 5 s."""
 TOTAL_STEPS = 400
 INTERVAL = 5
 TIMEOUT = 900.0
