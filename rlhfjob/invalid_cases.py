@@ -167,6 +167,12 @@ INVALID_CASES: list[InvalidCase] = [
         "colocated engines come one per trainer rank",
     ),
     InvalidCase(
+        "max-staleness-with-colocated-engines",
+        _spec(roles={"rollout": {"placement": "colocated"}}, algorithm={"maxStaleness": 1}),
+        "spec.algorithm.maxStaleness",
+        "colocated engines share the ranks' devices",
+    ),
+    InvalidCase(
         "colocated-with-min-replicas",
         _role("rollout", placement="colocated", minReplicas=1),
         "spec.roles.rollout.replicas",

@@ -240,6 +240,14 @@ class AlgorithmSpec(ApiModel):
             LOSS_AGGREGATIONS,
         ),
     )
+    max_staleness: int = Field(default=0, ge=0, le=16)
+    """Policy updates a trained sample may lag behind the policy it updates. 0 trains
+    on-policy: the engines wait while the ranks update, the ranks while the engines generate.
+    N >= 1 generates the next step's batch while this step trains (with the weights of the
+    update before) and corrects for the lag with the decoupled PPO objective: the ratio is
+    taken to the policy at the start of the step, and each token is weighted by its
+    probability there over the engine's (capped). A sample older than N updates is never
+    trained on. Needs engines of their own (roles.rollout.placement disaggregated)."""
     dynamic_sampling: DynamicSamplingSpec | None = None
     """Drop groups whose rewards are all equal and sample more prompts instead (DAPO); unset:
     every group trains."""

@@ -496,6 +496,13 @@ class RLHFJobSpec(ApiModel):
             ".model.kernels",
         ),
         CelRule(
+            "self.algorithm.maxStaleness == 0 || !has(self.roles.rollout.placement)"
+            " || self.roles.rollout.placement != 'colocated'",
+            "algorithm.maxStaleness generates while the ranks update: colocated engines share "
+            "the ranks' devices and cannot (set roles.rollout.placement disaggregated)",
+            ".algorithm.maxStaleness",
+        ),
+        CelRule(
             _lengths_fit_the_window(),
             "algorithm.maxPromptLength + algorithm.maxResponseLength exceed the model's context "
             f"window (model.randomInit.{' or '.join(CONTEXT_WINDOW_KEYS)})",

@@ -226,13 +226,14 @@ def job_file(
     *,
     colocated: bool = False,
     background: bool = False,
+    staleness: int = 0,
 ) -> Path:
     """The GRPO example, shortened to 6 steps with a checkpoint every 2, one rollout engine
     (colocated: one inside each of the 2 trainer ranks); `background`: checkpoints written
-    while training goes on."""
+    while training goes on; `staleness`: `algorithm.maxStaleness`."""
     document = yaml.safe_load(EXAMPLE.read_text())
     spec = document["spec"]
-    spec["algorithm"]["totalSteps"] = TOTAL_STEPS
+    spec["algorithm"].update(totalSteps=TOTAL_STEPS, maxStaleness=staleness)
     if colocated:
         spec["roles"]["rollout"] = {"placement": "colocated", "backend": "hf"}
     else:
@@ -299,17 +300,23 @@ def final_policy(directory: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("colocated", [False, True], ids=["disaggregated", "colocated"])
+@pytest.mark.parametrize(
+    ("colocated", "staleness"),
+    [(False, 0), (True, 0), (False, 1)],
+    ids=["disaggregated", "colocated", "generated-ahead"],
+)
 def test_stopped_and_resumed_training_equals_uninterrupted_training(
-    ray_address, tmp_path, colocated
+    ray_address, tmp_path, colocated, staleness
 ):
     straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
     straight_dir.mkdir()
     resumed_dir.mkdir()
     # Colocated, checkpoints are written in the background (`checkpoint.background`): the
-    # resumed run must equal the straight one either way.
-    straight_job = job_file(straight_dir, colocated=colocated, background=colocated)
-    resumed_job = job_file(resumed_dir, colocated=colocated, background=colocated)
+    # resumed run must equal the straight one either way. Generated ahead (`maxStaleness`),
+    # a checkpoint holds the next step's batch, which the resumed run trains on.
+    options = {"colocated": colocated, "background": colocated, "staleness": staleness}
+    straight_job = job_file(straight_dir, **options)
+    resumed_job = job_file(resumed_dir, **options)
 
     straight = Driver(straight_job, ray_address)
 

@@ -30,9 +30,11 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def train_example(name: str, directory: Path) -> tuple[list[dict], float, Path]:
-    """Run `examples/<name>` to the end; returns (step records, max reward, run directory)."""
+def train_example(name: str, directory: Path, **algorithm: Any) -> tuple[list[dict], float, Path]:
+    """Run `examples/<name>` (with `algorithm` fields changed) to the end; returns (step
+    records, max reward, run directory)."""
     document = yaml.safe_load((REPO / "examples" / name).read_text())
+    document["spec"]["algorithm"].update(algorithm)
     document["spec"]["checkpoint"]["path"] = str(directory / "checkpoints")
     job = directory / name
     job.write_text(yaml.safe_dump(document))
@@ -61,6 +63,20 @@ def test_the_tiny_example_learns_its_task(example, tmp_path):
     assert rewards[0] < 0.15 * max_reward, rewards  # near chance at the start
     assert rewards[-1] >= 0.9 * max_reward, rewards
     assert (run_dir / "reward_curve.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("example", "staleness"), [("grpo-tiny-cpu.yaml", 1), ("ppo-tiny-cpu.yaml", 2)]
+)
+def test_batches_generated_a_step_ahead_still_learn(example, staleness, tmp_path):
+    """`algorithm.maxStaleness`: each step trains on a batch the engines generated while the
+    step before trained, one update behind, with the decoupled objective's weights."""
+    records, max_reward, _ = train_example(example, tmp_path, maxStaleness=staleness)
+    rewards = [record["reward_mean"] for record in records]
+    assert rewards[-1] >= 0.9 * max_reward, rewards
+    assert set(records[0]["staleness"]) == {"0"}  # the first batch is generated on-policy
+    assert {lag for record in records[1:] for lag in record["staleness"]} == {"1"}
+    assert all(0 < r["policy_behaviour_weight"] < 5 for r in records)
 
 
 def test_gspo_with_dapos_dynamic_sampling_and_overlong_shaping_learns(tmp_path):

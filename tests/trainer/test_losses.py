@@ -15,7 +15,7 @@ from rlhf_trainer.experience import (
     StepScores,
     choose_groups,
 )
-from rlhf_trainer.losses import PolicyObjective
+from rlhf_trainer.losses import BEHAVIOUR_WEIGHT_CAP, PolicyObjective
 from rlhfjob.api import AlgorithmSpec
 
 ROWS, LENGTH = 10, 7
@@ -100,6 +100,34 @@ def test_the_default_objective_is_the_clipped_token_mean_loss_with_kl_and_entrop
     assert torch.equal(got.loss, expected)
     assert got.units == float(mask.sum())
     assert set(got.terms) == {"policy_loss", "clip_fraction", "approx_kl", "kl_loss", "entropy"}
+
+
+def test_stale_tokens_are_weighted_by_proximal_over_behaviour_probability_capped() -> None:
+    """The decoupled objective (maxStaleness): behaviour log-probs equal to the proximal ones
+    change nothing; a token the engine sampled at half the proximal probability counts twice;
+    a weight above the cap counts as the cap; the weight carries no gradient."""
+    algorithm = spec(klCoef=0.0, entropyCoef=0.0)
+    objective = PolicyObjective(algorithm)
+    mask, fields, logprobs = step_fields(2)
+    entropies = torch.zeros(ROWS, LENGTH)
+    plain = objective(logprobs, entropies, fields, mask)
+    same = objective(
+        logprobs, entropies, fields | {"behaviour_logprobs": fields["old_logprobs"]}, mask
+    )
+    torch.testing.assert_close(same.loss, plain.loss, rtol=0, atol=0)
+    assert float(same.terms["behaviour_weight"]) == pytest.approx(1.0)
+
+    halved = fields | {"behaviour_logprobs": fields["old_logprobs"] - torch.log(torch.tensor(2.0))}
+    doubled = objective(logprobs, entropies, halved, mask)
+    torch.testing.assert_close(doubled.loss, 2 * plain.loss)
+    (grad,) = torch.autograd.grad(doubled.loss, logprobs)
+    (plain_grad,) = torch.autograd.grad(plain.loss, logprobs)
+    torch.testing.assert_close(grad, 2 * plain_grad)
+
+    far = fields | {"behaviour_logprobs": fields["old_logprobs"] - 10.0}
+    capped = objective(logprobs, entropies, far, mask)
+    torch.testing.assert_close(capped.loss, BEHAVIOUR_WEIGHT_CAP * plain.loss)
+    assert float(capped.terms["behaviour_kl"]) > float(doubled.terms["behaviour_kl"]) > 0
 
 
 def test_the_policy_loss_chooses_its_aggregation_unless_the_spec_does() -> None:

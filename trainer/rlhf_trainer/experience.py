@@ -10,7 +10,7 @@ API's (`rlhfjob.api.algorithm.ADVANTAGE_ESTIMATORS`), and a unit test holds the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +32,9 @@ class Rollout:
     responses: list[list[int]]
     metadata: list[dict[str, Any]]
     policy_versions: list[int]
+    logprobs: list[list[float]] = field(default_factory=list)
+    """The engine's log-prob of each response token (the behaviour policy's), when asked for
+    (`algorithm.maxStaleness`); empty otherwise."""
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -48,6 +51,7 @@ class Rollout:
             [self.responses[r] for r in rows],
             [self.metadata[r] for r in rows],
             [self.policy_versions[r] for r in rows],
+            [self.logprobs[r] for r in rows] if self.logprobs else [],
         )
 
     @staticmethod
@@ -58,6 +62,7 @@ class Rollout:
             [row for part in parts for row in part.responses],
             [row for part in parts for row in part.metadata],
             [row for part in parts for row in part.policy_versions],
+            [row for part in parts for row in part.logprobs],
         )
 
 
@@ -74,7 +79,22 @@ def flatten_completions(
             rollout.responses.append(list(sample.token_ids))
             rollout.metadata.append(dict(item.metadata))
             rollout.policy_versions.append(sample.policy_version)
+            rollout.logprobs.append(list(sample.logprobs))
+    if not any(rollout.logprobs):  # the engines were not asked for them
+        rollout.logprobs = []
     return rollout
+
+
+def on_response_columns(
+    prompts: Sequence[Sequence[int]], per_token: Sequence[Sequence[float]], columns: int
+) -> Tensor:
+    """Per-response-token values (an engine's log-probs) on a batch's next-token grid
+    (`rlhf_trainer.batch`): row ``r``'s response starts at column ``len(prompt) - 1``."""
+    grid = torch.zeros(len(prompts), columns)
+    for row, (prompt, values) in enumerate(zip(prompts, per_token, strict=True)):
+        start = len(prompt) - 1
+        grid[row, start : start + len(values)] = torch.tensor(values, dtype=grid.dtype)
+    return grid
 
 
 def choose_groups(signal: Sequence[bool], wanted: int) -> tuple[list[int], int]:

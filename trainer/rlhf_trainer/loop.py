@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -58,6 +59,7 @@ from rlhf_trainer.experience import (
     StepScores,
     choose_groups,
     flatten_completions,
+    on_response_columns,
 )
 from rlhf_trainer.heartbeat import make_heartbeat
 from rlhf_trainer.object_store import TieredCheckpoints
@@ -75,6 +77,9 @@ STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
 RANKS_KEY = "ranks"
 """Manifest `extra` entry: the ranks of each ZeRO-3 role that wrote the checkpoint."""
+NEXT_BATCH_FILE = "next_batch.pt"
+"""In a checkpoint of a run with `algorithm.maxStaleness`: the batch generated ahead for the
+next step, so that a resumed run trains on exactly what the uninterrupted one would have."""
 
 
 class WrittenCheckpoint:
@@ -163,6 +168,43 @@ class SampledStep:
     report: dict[str, int]
 
 
+def save_sampled(sampled: SampledStep, path: Path) -> None:
+    """`sampled` as plain tensors, lists and numbers (read back without unpickling code)."""
+    rollout = sampled.rollout
+    torch.save(
+        {
+            "prompts": rollout.prompts,
+            "responses": rollout.responses,
+            "metadata": rollout.metadata,
+            "policy_versions": rollout.policy_versions,
+            "logprobs": rollout.logprobs,
+            "rewards": sampled.rewards,
+            "task_rewards": sampled.task_rewards,
+            "reward_components": sampled.reward_components,
+            "report": sampled.report,
+        },
+        path,
+    )
+
+
+def load_sampled(path: Path) -> SampledStep:
+    saved = torch.load(path, weights_only=True)
+    rollout = Rollout(
+        saved["prompts"],
+        saved["responses"],
+        saved["metadata"],
+        saved["policy_versions"],
+        saved["logprobs"],
+    )
+    return SampledStep(
+        rollout,
+        saved["rewards"],
+        saved["task_rewards"],
+        saved["reward_components"],
+        saved["report"],
+    )
+
+
 def shaped_rewards(rewards: Tensor, rollout: Rollout, algorithm: AlgorithmSpec) -> Tensor:
     """The rewards with DAPO's overlong penalty added, when the spec asks for it."""
     shaping = algorithm.overlong_shaping
@@ -188,6 +230,8 @@ class StepResult:
     """Each part's mean score before weighting (one entry for a single-source reward)."""
     sampling: dict[str, int] = field(default_factory=dict)
     """What dynamic sampling did: rollouts generated, groups dropped and refilled."""
+    staleness: dict[int, int] = field(default_factory=dict)
+    """How many samples lagged the policy by how many updates (`{0: n}` on-policy)."""
 
 
 class Trainer:
@@ -240,6 +284,11 @@ class Trainer:
         """The step of the newest complete checkpoint of this run."""
         self.written_checkpoint: WrittenCheckpoint | None = None
         """A background checkpoint not known complete yet (`checkpoint.background`)."""
+        self.ahead: Future[SampledStep] | None = None
+        """The next step's batch being generated while this step trains (`maxStaleness`)."""
+        self.next_sampled: SampledStep | None = None
+        """The next step's batch, generated ahead (or read back from the checkpoint)."""
+        self._ahead_pool: ThreadPoolExecutor | None = None
         resume_from = context.resume_from
         self.resume_checkpoint = self._find_checkpoint(resume_from) if resume_from else None
         # Beat from the start: booting the actors can take minutes, and the operator must be
@@ -274,6 +323,8 @@ class Trainer:
 
     def shutdown(self) -> None:
         """Kill this run's actors (a driver leaving on its own: the next attempt starts cold)."""
+        if self._ahead_pool is not None:  # a batch generated ahead is of no use now
+            self._ahead_pool.shutdown(wait=False, cancel_futures=True)
         self.actors.shutdown()
 
     def _report_engines(self, live: int, desired: int) -> None:
@@ -339,6 +390,8 @@ class Trainer:
         WorkerGroup.wait([ref for g in self.groups for ref in g.submit("load", path, step)])
         self.data = self._prompt_iterator(DataPosition.from_json(checkpoint.data_position))
         restore_rng_state(checkpoint.load_rng_state())
+        ahead = checkpoint.path / NEXT_BATCH_FILE
+        self.next_sampled = load_sampled(ahead) if ahead.exists() else None
         self.step = self.checkpointed_step = checkpoint.step
         self.version = int(checkpoint.extra.get("policy_version", checkpoint.step))
         self.heartbeat.update(
@@ -365,6 +418,8 @@ class Trainer:
             )
             directory = writing.__enter__()
             try:
+                if self.next_sampled is not None:  # generated ahead: part of the state
+                    save_sampled(self.next_sampled, directory / NEXT_BATCH_FILE)
                 snapshots = [r for g in self.groups for r in g.submit("snapshot", str(directory))]
                 WorkerGroup.wait(snapshots)
             except BaseException:
@@ -409,10 +464,16 @@ class Trainer:
         self.metrics.begin_step()
         with self.phase(m.PHASE_SYNC):
             self.fleet.maintain()  # engines back from a lost node get the weights first
-        sampled = self._sample(step)
+        sampled = self._take_sample(step)
+        if self.algorithm.max_staleness and step < self.total_steps:
+            self._sample_ahead(step + 1)  # generates while this step scores and updates
         rollout, rewards = sampled.rollout, sampled.rewards
-        version_lag = self.version - min(rollout.policy_versions)  # 0: fully on-policy
+        lags = [self.version - version for version in rollout.policy_versions]
         batch = build_batch(rollout.prompts, rollout.responses)
+        if rollout.logprobs:  # the behaviour policy's, for the decoupled objective
+            columns = batch.action_mask.shape[1]
+            behaviour = on_response_columns(rollout.prompts, rollout.logprobs, columns)
+            batch = batch.with_fields(behaviour_logprobs=behaviour)
         with self.phase(m.PHASE_REFERENCE):
             scores = self._score(batch)
         with self.phase(m.PHASE_ADVANTAGE):
@@ -420,6 +481,9 @@ class Trainer:
         with self.phase(m.PHASE_UPDATE):
             policy_metrics, critic_metrics = self._update(batch)
         self.version += 1
+        if self.ahead is not None:  # the engines must be idle to take the new weights
+            with self.phase(m.PHASE_GENERATE):
+                self.next_sampled, self.ahead = self.ahead.result(), None
         self.sync_weights()
         self.step = step
 
@@ -435,10 +499,29 @@ class Trainer:
             kl=kl,
             policy=policy_metrics,
             critic=critic_metrics,
-            version_lag=version_lag,
+            version_lag=max(lags),  # 0: fully on-policy
             reward_components=sampled.reward_components,
             sampling=sampled.report,
+            staleness={lag: lags.count(lag) for lag in sorted(set(lags))},
         )
+
+    def _take_sample(self, step: int) -> SampledStep:
+        """This step's batch: the one generated ahead, unless a sample in it is older than
+        `maxStaleness` allows (an engine that missed a sync), else a new one."""
+        sampled, self.next_sampled = self.next_sampled, None
+        if sampled is not None:
+            oldest = self.version - min(sampled.rollout.policy_versions)
+            if oldest <= self.algorithm.max_staleness:
+                return sampled
+            self.log(f"step {step}: the batch generated ahead is {oldest} updates old; again")
+        return self._sample(step)
+
+    def _sample_ahead(self, step: int) -> None:
+        """Start generating (and scoring) step `step`'s batch in a thread; the engines keep
+        the weights they have, one update behind the step that trains meanwhile."""
+        if self._ahead_pool is None:
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
+        self.ahead = self._ahead_pool.submit(self._sample, step)
 
     def _sample(self, step: int) -> SampledStep:
         """This step's rollout and its rewards (with overlong shaping, if the spec asks).
@@ -501,7 +584,9 @@ class Trainer:
             max_tokens=algorithm.max_response_length,
             seed=generation_seed(algorithm.seed, step, batch),
             stop_token_ids=self.inputs.stop_token_ids,
-            logprobs=False,  # the ranks compute the behaviour log-probs (`_score`)
+            # On-policy the ranks' log-probs before the update are the behaviour's (`_score`);
+            # a stale sample's behaviour was the engine's, one update or more before.
+            logprobs=algorithm.max_staleness > 0,
         )
         with self.phase(m.PHASE_GENERATE):
             started = time.perf_counter()
@@ -553,9 +638,13 @@ class Trainer:
     def record(self, result: StepResult) -> dict[str, Any]:
         """Publish a step's metrics, append its JSON line and tell the heartbeat."""
         # Standard fields have their own arguments; the other numbers go to the log only.
-        extra = {f"policy_{k}": v for k, v in result.policy.items() if k != "policy_loss"}
+        extra: dict[str, float | dict[str, int]] = {
+            f"policy_{k}": v for k, v in result.policy.items() if k != "policy_loss"
+        }
         extra |= {k: v for k, v in result.critic.items() if k != "value_loss"}
         extra |= result.sampling
+        if self.algorithm.max_staleness:
+            extra["staleness"] = {str(lag): count for lag, count in result.staleness.items()}
         record = self.metrics.end_step(
             result.step,
             reward_mean=result.reward_mean,

@@ -9,9 +9,11 @@ API's (`rlhfjob.api.algorithm`); a unit test holds the registry equal to them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from rlhf_trainer import algorithms as alg
@@ -43,6 +45,22 @@ def _gspo(
 ) -> alg.SurrogateTerms:
     low, high = a.clip_bounds
     return alg.gspo_surrogate(logprobs, old_logprobs, advantages, mask, low, high)
+
+
+BEHAVIOUR_WEIGHT_CAP = 5.0
+"""Largest importance weight of a stale token (proximal over behaviour probability), as
+AReaL caps it: a token the engine sampled far below the proximal policy's odds would
+otherwise dominate the step."""
+
+
+def behaviour_weights(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """The decoupled PPO objective's per-token importance weight (no gradient): the proximal
+    policy's probability of the sampled token (the policy at the step's start, `old_logprobs`)
+    over the behaviour policy's that sampled it (the engine's), capped."""
+    with torch.no_grad():
+        log_ratio = old_logprobs.float() - behaviour_logprobs.float()
+        weights = torch.exp(log_ratio.clamp(max=math.log(BEHAVIOUR_WEIGHT_CAP)))
+        return weights * mask.to(weights.dtype)
 
 
 @dataclass(frozen=True)
@@ -86,8 +104,17 @@ class PolicyObjective:
         policy = self.surrogate(
             logprobs, fields["old_logprobs"], fields["advantages"], mask, algorithm
         )
-        loss = self._aggregate(policy.per_token, mask)
-        terms = {
+        per_token = policy.per_token
+        terms: dict[str, Tensor] = {}
+        if "behaviour_logprobs" in fields:  # stale samples (`algorithm.maxStaleness`)
+            weights = behaviour_weights(fields["old_logprobs"], fields["behaviour_logprobs"], mask)
+            per_token = per_token * weights
+            terms["behaviour_weight"] = alg.masked_mean(weights, mask)
+            terms["behaviour_kl"] = alg.masked_mean(
+                alg.kl_estimate(fields["behaviour_logprobs"], fields["old_logprobs"], "k3"), mask
+            )
+        loss = self._aggregate(per_token, mask)
+        terms |= {
             "policy_loss": loss,
             "clip_fraction": policy.clip_fraction,
             "approx_kl": policy.approx_kl,

@@ -382,12 +382,13 @@ class TrainerMetrics:
         value_loss: float | None = None,
         policy_version_lag: int = 0,
         reward_components: Mapping[str, float] | None = None,
-        extra: Mapping[str, float] | None = None,
+        extra: Mapping[str, float | Mapping[str, int]] | None = None,
     ) -> dict[str, Any]:
         """Publish the step's scalars and append its JSON line. Returns the record written.
 
         ``None`` leaves a gauge at its previous value and writes ``null`` to the log. ``extra``
-        holds further numbers for the log only (entropy, clip fraction, learning rate, ...);
+        holds further numbers for the log only (entropy, clip fraction, learning rate, ...,
+        and counts by key such as the staleness of the step's samples);
         its keys must not shadow the standard ones. ``reward_components`` is the mean score of
         each part of the reward, before weighting.
         """
