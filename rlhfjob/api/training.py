@@ -459,7 +459,8 @@ class RLHFJobSpec(ApiModel):
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     liveness: LivenessSpec = Field(default_factory=LivenessSpec)
     ray_version: str = Field(default="2.60.0", pattern=r"^[0-9]+[.][0-9]+[.][0-9]+$")
-    """The Ray version of the image (KubeRay's rayVersion)."""
+    """The Ray version of the image (KubeRay's rayVersion). The driver refuses one of another
+    minor release than its own Ray (Failed at once, non-retryable)."""
     suspend: bool = False
     """Stop training and release the cluster; checkpoints stay. Unset to resume."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)

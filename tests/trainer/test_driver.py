@@ -137,6 +137,20 @@ def test_lengths_beyond_the_models_context_window_are_non_retryable(tmp_path):
     check_model_config(spec)  # the example's 8 + 8 fit its 64
 
 
+def test_a_ray_version_other_than_the_images_is_non_retryable() -> None:
+    """KubeRay starts the cluster for `rayVersion`; another minor release than the image's
+    Ray cannot work, a patch release can."""
+    from rlhf_trainer.startup import NonRetryableError, check_ray_version
+
+    spec = load_job(EXAMPLE).spec
+    check_ray_version(spec)  # the default is the pinned Ray
+    check_ray_version(spec.model_copy(update={"ray_version": "2.60.3"}), installed="2.60.0")
+    with pytest.raises(NonRetryableError, match=r"spec.rayVersion: 2.9.0 .* Ray 2.60.0"):
+        check_ray_version(spec.model_copy(update={"ray_version": "2.9.0"}), installed="2.60.0")
+    with pytest.raises(NonRetryableError, match=r"spec\.rayVersion: 3\.60\.0"):
+        check_ray_version(spec.model_copy(update={"ray_version": "3.60.0"}), installed="2.60.0")
+
+
 def test_train_without_a_job_file_is_non_retryable(monkeypatch, capsys):
     monkeypatch.delenv("RLHF_JOB_CONFIG", raising=False)
     assert cli.main(["train"]) == ExitCode.NON_RETRYABLE

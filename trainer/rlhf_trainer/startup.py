@@ -17,6 +17,7 @@ into the ranks (`rlhf_trainer.loop.Trainer.restore`), exactly as into fresh ones
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -88,11 +89,24 @@ class Inputs:
     """Token ids to text with the job's tokenizer (None: the job has none)."""
 
 
+def check_ray_version(spec: RLHFJobSpec, installed: str | None = None) -> None:
+    """`spec.rayVersion` names the image's Ray (`installed`: this process's) to the release:
+    KubeRay starts the head and workers for the version it is told, and Ray refuses a driver or
+    a node of another minor release. A patch release apart is fine."""
+    installed = installed or importlib.metadata.version("ray")
+    if spec.ray_version.split(".")[:2] != installed.split(".")[:2]:
+        raise NonRetryableError(
+            f"spec.rayVersion: {spec.ray_version} does not match the image's Ray {installed}"
+            f" (set rayVersion to {installed}, or use an image with Ray {spec.ray_version})"
+        )
+
+
 def load_inputs(
     spec: RLHFJobSpec, *, check_model: bool = True, log: Callable[[str], None] = print
 ) -> Inputs:
     """The reward's sources, the prompts and (with `check_model`) the model config;
     NonRetryableError if unusable."""
+    check_ray_version(spec)
     try:
         tokenizer = load_tokenizer(spec)
         decode = decoder(tokenizer) if tokenizer is not None else None
