@@ -454,7 +454,7 @@ def _path_targets() -> Iterator[Target]:
         ("spec", "checkpoint", "objectStore"),
         _path_with_a_bad_segment(absolute=False)
         .filter(lambda v: not v.startswith("/"))
-        .map(lambda v: {"bucket": "fuzz-bucket", "prefix": v.rstrip("/") + "/"}),
+        .map(lambda v: {"bucket": "fuzz-bucket", "prefix": v if v.endswith("/") else v + "/"}),
         _clean_path(absolute=False).map(lambda v: {"bucket": "fuzz-bucket", "prefix": v + "/"}),
     )
     yield Target(
@@ -507,6 +507,67 @@ def _synthetic_task_target() -> Target:
     )
 
 
+_NODE_SELECTOR_TERM = st.fixed_dictionaries(
+    {
+        "matchExpressions": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "key": _LABEL_KEY,
+                    "operator": st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]),
+                },
+                optional={"values": st.lists(_LABEL_VALUE, max_size=2)},
+            ),
+            max_size=2,
+        )
+    }
+)
+_AFFINITY = st.fixed_dictionaries(
+    {
+        "nodeAffinity": st.fixed_dictionaries(
+            {
+                "requiredDuringSchedulingIgnoredDuringExecution": st.fixed_dictionaries(
+                    {"nodeSelectorTerms": st.lists(_NODE_SELECTOR_TERM, min_size=1, max_size=2)}
+                )
+            }
+        )
+    }
+)
+_REQUIRED_TERMS = "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _affinity_with(change: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A valid affinity broken one way: a misspelt field, a wrong type, a required one gone."""
+
+    def broken(affinity: dict[str, Any]) -> dict[str, Any]:
+        terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        if change == "misspelt":
+            terms["nodeSelectorTerm"] = terms["nodeSelectorTerms"]
+        elif change == "type":
+            terms["nodeSelectorTerms"] = "pool=gpu"
+        else:
+            del terms["nodeSelectorTerms"]
+        return affinity
+
+    return broken
+
+
+def _affinity_targets(path: tuple[str, ...]) -> Iterator[Target]:
+    """A Kubernetes affinity, checked against Kubernetes' own schema (`rlhfjob.kubetypes`)."""
+    name = ".".join(path)
+    blamed = {
+        "misspelt": "nodeSelectorTerm",
+        "type": "nodeSelectorTerms",
+        "gone": "nodeSelectorTerms",
+    }
+    for change, field_ in blamed.items():
+        yield Target(
+            f"{name}.{_REQUIRED_TERMS}.{field_}",
+            path,
+            _AFFINITY.map(_affinity_with(change)),
+            _AFFINITY,
+        )
+
+
 @cache
 def targets() -> tuple[Target, ...]:
     """Every field a case may set."""
@@ -521,6 +582,8 @@ def targets() -> tuple[Target, ...]:
     for parent in [("spec", "roles", "trainer"), ("spec", "roles", "rollout"), ("spec", "head")]:
         found.extend(_node_selector_targets((*parent, "nodeSelector")))
         found.extend(_toleration_targets((*parent, "tolerations")))
+    for role in ("trainer", "rollout"):
+        found.extend(_affinity_targets(("spec", "roles", role, "affinity")))
     found.append(
         Target(
             "spec.model.randomInit.model_type",

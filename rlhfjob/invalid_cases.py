@@ -167,6 +167,37 @@ INVALID_CASES: list[InvalidCase] = [
         "colocated engines come one per trainer rank",
     ),
     InvalidCase(
+        "affinity-misspelt-field",
+        _role(
+            "trainer",
+            affinity={
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchFields": []}],
+                        "nodeSelectorTerm": [],
+                    }
+                }
+            },
+        ),
+        "spec.roles.trainer.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerm",
+    ),
+    InvalidCase(
+        "affinity-weight-not-an-integer",
+        _role(
+            "rollout",
+            affinity={
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": "high", "podAffinityTerm": {"topologyKey": "zone"}}
+                    ]
+                }
+            },
+        ),
+        "spec.roles.rollout.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+        "[0].weight",
+    ),
+    InvalidCase(
         "max-staleness-with-colocated-engines",
         _spec(roles={"rollout": {"placement": "colocated"}}, algorithm={"maxStaleness": 1}),
         "spec.algorithm.maxStaleness",

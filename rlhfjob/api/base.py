@@ -20,7 +20,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError
 
-from rlhfjob import cel
+from rlhfjob import cel, kubetypes
 from rlhfjob.cel import CelRule
 
 GROUP = "rlhf.dev"
@@ -165,21 +165,20 @@ def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{value}'" for value in values) + "]"
 
 
-def _rule_error(rules: list[CelRule]) -> PydanticCustomError:
-    """One error for every broken rule of a node, each blaming the field it names, as the API
-    server reports them all. Pydantic takes one error from a validator, so the first rule is
-    the error and the others ride in its context (`also`); `rlhfjob.config.describe_errors`
-    writes a line for each."""
-    first, *others = rules
+def _problems_error(problems: list[tuple[str, str]]) -> PydanticCustomError:
+    """One error for every (field, message) problem of a node, each blaming its field, as the
+    API server reports them all. Pydantic takes one error from a validator, so the first is the
+    error and the others ride in its context (`also`); `rlhfjob.config.describe_errors` writes
+    a line for each."""
+    (field, message), *others = [(field.lstrip("."), message) for field, message in problems]
     return PydanticCustomError(
-        "cel_rule",
-        "{message}",
-        {
-            "message": first.message,
-            "field": (first.field_path or "").lstrip("."),
-            "also": [((r.field_path or "").lstrip("."), r.message) for r in others],
-        },
+        "cel_rule", "{message}", {"message": message, "field": field, "also": others}
     )
+
+
+def _rule_error(rules: list[CelRule]) -> PydanticCustomError:
+    """The error of a node's broken rules, each blaming the field it names."""
+    return _problems_error([(rule.field_path or "", rule.message) for rule in rules])
 
 
 def _checked(rules: tuple[CelRule, ...], schema: dict[str, Any] | None = None) -> AfterValidator:
@@ -243,6 +242,20 @@ FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
+
+_AFFINITY_SCHEMA = kubetypes.load_schema()
+
+
+def _check_affinity(value: dict[str, Any]) -> dict[str, Any]:
+    if problems := kubetypes.schema_problems(_AFFINITY_SCHEMA, value):
+        raise _problems_error(problems)
+    return value
+
+
+Affinity = Annotated[
+    dict[str, Any], WithJsonSchema(_AFFINITY_SCHEMA), AfterValidator(_check_affinity)
+]
+"""A Kubernetes affinity, checked against Kubernetes' own schema (`rlhfjob.kubetypes`)."""
 
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 LABEL_KEYS_RULE = CelRule(

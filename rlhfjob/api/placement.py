@@ -14,8 +14,8 @@ from rlhfjob.api.base import (
     _DNS_SUBDOMAIN,
     _LABEL_NAME,
     MAX_QUALIFIED_NAME_LENGTH,
+    Affinity,
     ApiModel,
-    FreeForm,
     LabelValue,
     NodeSelector,
     Quantity,
@@ -77,8 +77,9 @@ class RoleSpec(ApiModel):
     """Labels of the node pool this role runs on."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Tolerations for the pool's taints (GPU pools are usually tainted)."""
-    affinity: FreeForm | None = None
-    """A Kubernetes affinity, passed through unchanged."""
+    affinity: Affinity | None = None
+    """A Kubernetes affinity (nodeAffinity, podAffinity, podAntiAffinity), checked against
+    Kubernetes' own schema and passed to the pods."""
     pod: PodOverrides | None = None
     """What this role's pods add to spec.pods: environment, volumes, labels, resources."""
 
