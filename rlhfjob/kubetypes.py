@@ -52,7 +52,7 @@ def load_schema() -> dict[str, Any]:
     return schema
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
+JSON_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "array": (list,),
     "string": (str,),
@@ -60,6 +60,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "number": (int, float),
     "boolean": (bool,),
 }
+"""The Python values of a schema's `type` as the API server reads JSON."""
 
 
 def schema_problems(schema: dict[str, Any], value: Any, path: str = "") -> list[tuple[str, str]]:
@@ -70,7 +71,7 @@ def schema_problems(schema: dict[str, Any], value: Any, path: str = "") -> list[
         return [] if schema.get("nullable") else [(path, "must not be null")]
     expected = schema.get("type")
     if expected and (
-        not isinstance(value, _TYPES[expected])
+        not isinstance(value, JSON_TYPES[expected])
         or (expected in ("integer", "number") and isinstance(value, bool))
     ):
         return [(path, f"must be of type {expected}")]

@@ -17,15 +17,7 @@ from typing import Any
 import re2
 
 from rlhfjob.cel import CelRule, broken
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-}
+from rlhfjob.kubetypes import JSON_TYPES as _TYPES
 
 
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
