@@ -1,0 +1,69 @@
+"""The soak's figures (`benchmarks/soak.py`) from step logs and samples made up here: goodput
+and where the rest went, and the memory growth per hour."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _load_soak() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
+    spec = importlib.util.spec_from_file_location("rlhf_soak", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+soak = _load_soak()
+
+
+def step(number: int, at: float, attempt: int = 0, seconds: float = 1.0) -> dict[str, object]:
+    return {"step": number, "time": at, "step_seconds": seconds, "attempt": attempt}
+
+
+def test_goodput_counts_each_kept_step_once_and_says_where_the_rest_went() -> None:
+    # Steps 1-10 each take 1 s from t=0; a fault at t=10.5 kills the driver; the next attempt
+    # resumes from the checkpoint at step 8 and trains steps 9-12 from t=20.
+    records = [step(n, n) for n in range(1, 11)]
+    records += [step(n, 20 + (n - 8), attempt=1) for n in range(9, 13)]
+    fault = soak.FaultResult("kill_driver", 10.5, recovered=True, recovered_s=10.5)  # at t=21
+    figures = soak.goodput(records, [fault], ended=24.0)
+    assert figures["steps_kept"] == 12 and figures["steps_trained"] == 14
+    assert figures["kept_training_s"] == 12.0
+    assert figures["retrained_s"] == 2.0  # steps 9 and 10, trained twice
+    assert figures["wall_s"] == 24.0
+    assert figures["recovering_s"] == pytest.approx(9.5)  # 10.5 s less step 9's second second
+    assert figures["goodput"] == pytest.approx(0.5)
+
+
+def test_growth_per_hour_is_the_slope_after_the_warm_up() -> None:
+    # 10 MiB more every 360 s (100 MiB an hour), after a first sample far above the line.
+    samples = [{"t": 0.0, "operator": {"rss_mb": 900.0}}]
+    samples += [{"t": 360.0 * i, "operator": {"rss_mb": 100.0 + 10 * i}} for i in range(1, 11)]
+    assert soak.operator_growth(samples, 0.0, 3600.0) == pytest.approx(100.0)
+    assert soak.slope_per_hour([(0.0, 5.0), (10.0, 5.0), (20.0, 5.0)]) == 0.0
+    assert soak.slope_per_hour([(0.0, 1.0)]) is None
+
+
+def test_the_trainers_growth_is_of_its_longest_lived_processes() -> None:
+    """A drain replaces the policy rank: each process is judged on its own lifetime, and one
+    too short to say anything is listed but not judged."""
+    samples = [
+        {"t": float(t), "policy_rank": {"pid": 1, "rss_mb": 500.0 + t / 3600 * 12}}
+        for t in range(0, 1800, 60)
+    ]
+    samples += [
+        {"t": float(t), "policy_rank": {"pid": 2, "rss_mb": 900.0 + t}}
+        for t in range(1800, 1900, 30)
+    ]
+    slope, segments = soak.trainer_growth(samples)
+    assert slope == pytest.approx(12.0)
+    assert [s["pid"] for s in segments] == [1, 2]
+    assert segments[1]["slope_mb_per_hour"] is None
