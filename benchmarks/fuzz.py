@@ -552,7 +552,7 @@ def _affinity_with(change: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 def _affinity_targets(path: tuple[str, ...]) -> Iterator[Target]:
-    """A Kubernetes affinity, checked against Kubernetes' own schema (`rlhfjob.kubetypes`)."""
+    """A Kubernetes affinity, checked against Kubernetes' own schema (`rlhfjob.api.kubeschema`)."""
     name = ".".join(path)
     blamed = {
         "misspelt": "nodeSelectorTerm",

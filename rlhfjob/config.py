@@ -24,6 +24,12 @@ class InvalidJobError(ValueError):
         super().__init__(f"{source} is not a valid RLHFJob:\n  " + "\n  ".join(problems))
 
 
+class UnknownFieldsError(InvalidJobError):
+    """Every problem is a field these models do not have. From a file, a typo; from the API
+    server, which drops the fields its CRD lacks, a CRD newer than this code (an operator not
+    yet upgraded must leave such a job alone, not fail it)."""
+
+
 _BLAMING = ("cel_rule", "duplicate_key")
 """Errors raised on an object that name the field (or list entry) at fault in their context."""
 
@@ -52,7 +58,10 @@ def parse_job(document: dict[str, Any], source: str = "<object>") -> RLHFJob:
     try:
         return RLHFJob.model_validate(document)
     except ValidationError as error:
-        raise InvalidJobError(source, describe_errors(error)) from None
+        unknown = all(item["type"] == "extra_forbidden" for item in error.errors())
+        raise (UnknownFieldsError if unknown else InvalidJobError)(
+            source, describe_errors(error)
+        ) from None
 
 
 def load_job(path: str | Path) -> RLHFJob:

@@ -16,8 +16,8 @@ from typing import Any
 
 import re2
 
+from rlhfjob.api.kubeschema import JSON_TYPES as _TYPES
 from rlhfjob.cel import CelRule, broken
-from rlhfjob.kubetypes import JSON_TYPES as _TYPES
 
 
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:

@@ -192,7 +192,7 @@ def test_event_reasons_are_the_words_the_operator_always_used() -> None:
         "Provisioning", "Submitted", "Running", "Succeeded", "Suspended", "Resumed",
         "Degraded", "ReplicasRestored", "BelowReplicas", "AllReplicas",
         "Draining", "Drained", "DrainTimedOut", "NodeDrained", "Resizing",
-        "Queued", "Admitted", "Preempted", "QuotaReleased",
+        "Queued", "Admitted", "Preempted", "QuotaReleased", "OperatorOutdated",
     }  # fmt: skip
 
 

@@ -97,7 +97,7 @@ def test_optional_fields_are_nullable_and_quantities_int_or_string(crd: dict[str
     assert spec["activeDeadlineSeconds"]["nullable"] is True
     trainer = spec["roles"]["properties"]["trainer"]["properties"]
     assert trainer["cpu"]["x-kubernetes-int-or-string"] is True
-    # An affinity carries Kubernetes' own schema (rlhfjob.kubetypes), not a free-form object.
+    # An affinity carries Kubernetes' own schema (rlhfjob.api.kubeschema), not a free-form object.
     affinity = trainer["affinity"]
     assert "x-kubernetes-preserve-unknown-fields" not in affinity
     required = affinity["properties"]["nodeAffinity"]["properties"][
@@ -110,9 +110,10 @@ def test_optional_fields_are_nullable_and_quantities_int_or_string(crd: dict[str
 
 def test_the_embedded_kubernetes_schemas_are_fresh() -> None:
     """`rlhfjob/api/kubernetes-affinity.json` is what the pinned Kubernetes client gives."""
-    from rlhfjob import kubetypes
+    from rlhfjob import kubegen
+    from rlhfjob.api import kubeschema
 
-    assert kubetypes.SCHEMA_PATH.read_text() == kubetypes.generate(), "run `task crds`"
+    assert kubeschema.SCHEMA_PATH.read_text() == kubegen.generate(), "run `task crds`"
 
 
 def test_status_subresource_and_printer_columns(crd: dict[str, Any]) -> None:

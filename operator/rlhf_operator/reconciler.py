@@ -71,8 +71,8 @@ from rlhf_operator.views import (
 )
 from rlhfjob import contract
 from rlhfjob.api import Phase, RestartRecord, RLHFJob, RLHFJobStatus
-from rlhfjob.config import InvalidJobError, parse_job
-from rlhfjob.contract import FailureReason, PodEnv, kueue
+from rlhfjob.config import InvalidJobError, UnknownFieldsError, parse_job
+from rlhfjob.contract import EventReason, FailureReason, PodEnv, kueue
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract.lease import format_time
 
@@ -92,6 +92,9 @@ forbids changing a Workload's pod sets."""
 MAX_DECISIONS = 3
 """Decisions per reconcile: the first, and one per action that failed in a known way (each
 decision knows the failures before it, so the policy never plans the same failed action)."""
+OUTDATED_RETRY_SECONDS = 60.0
+"""How often a job with fields this operator does not know is looked at again (an upgraded
+operator is a new process, so this only bounds a stale watch)."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,9 @@ class Reconciler:
             return None
         try:
             job = self._parse(body, f"{namespace}/{name}")
+        except UnknownFieldsError as error:
+            await self._outdated(body, error)
+            return OUTDATED_RETRY_SECONDS
         except InvalidJobError as error:
             await self._reject(body, error)
             return None
@@ -540,6 +546,24 @@ class Reconciler:
             await self.kube.patch_job_status(
                 job.metadata.namespace, job.metadata.name, {**cleared, **new}
             )
+
+    async def _outdated(self, body: dict[str, Any], error: UnknownFieldsError) -> None:
+        """A job with fields the API server accepted and this operator does not know: its CRD
+        is newer than the operator. Failing it would end a job that is fine (a running trainer
+        goes on without the operator), so it is left alone, said so once, and looked at again
+        in a while."""
+        metadata = body["metadata"]
+        fields = ", ".join(line.split(":", 1)[0] for line in error.problems)
+        message = f"this operator does not know {fields} (a newer CRD): upgrade the operator"
+        if (body.get("status") or {}).get("message") == message[:32768]:
+            return
+        log.warning("%s/%s: %s", metadata.get("namespace"), metadata["name"], message)
+        await self.kube.patch_job_status(
+            metadata.get("namespace", "default"), metadata["name"], {"message": message[:32768]}
+        )
+        self.emit(
+            body, Event("Warning", EventReason.OPERATOR_OUTDATED, message[:EVENT_MESSAGE_LIMIT])
+        )
 
     async def _reject(self, body: dict[str, Any], error: InvalidJobError) -> None:
         """A job that slipped past the schema (older CRD, hand edit): Failed, with the reason."""

@@ -20,7 +20,8 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError
 
-from rlhfjob import cel, kubetypes
+from rlhfjob import cel
+from rlhfjob.api import kubeschema
 from rlhfjob.cel import CelRule
 
 GROUP = "rlhf.dev"
@@ -243,11 +244,11 @@ FreeForm = Annotated[
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 
-_AFFINITY_SCHEMA = kubetypes.load_schema()
+_AFFINITY_SCHEMA = kubeschema.load_schema()
 
 
 def _check_affinity(value: dict[str, Any]) -> dict[str, Any]:
-    if problems := kubetypes.schema_problems(_AFFINITY_SCHEMA, value):
+    if problems := kubeschema.schema_problems(_AFFINITY_SCHEMA, value):
         raise _problems_error(problems)
     return value
 
@@ -255,7 +256,7 @@ def _check_affinity(value: dict[str, Any]) -> dict[str, Any]:
 Affinity = Annotated[
     dict[str, Any], WithJsonSchema(_AFFINITY_SCHEMA), AfterValidator(_check_affinity)
 ]
-"""A Kubernetes affinity, checked against Kubernetes' own schema (`rlhfjob.kubetypes`)."""
+"""A Kubernetes affinity, checked against Kubernetes' own schema (`rlhfjob.api.kubeschema`)."""
 
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 LABEL_KEYS_RULE = CelRule(

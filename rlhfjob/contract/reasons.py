@@ -81,6 +81,9 @@ class EventReason(StrEnum):
     """Kueue evicted the job (a preemption): it drains, then gives its quota back."""
     QUOTA_RELEASED = "QuotaReleased"
     """Every pod of a stopped job is gone: its Kueue quota went back to the queue."""
+    OPERATOR_OUTDATED = "OperatorOutdated"
+    """The job has fields this operator does not know (its CRD is newer): it is left as it is,
+    running or not, until the operator is upgraded."""
 
 
 class DrainCause(StrEnum):

@@ -566,6 +566,23 @@ def test_an_invalid_job_fails_with_the_reason() -> None:
     assert world.kube.applied == []
 
 
+def test_a_running_job_with_fields_of_a_newer_crd_is_left_alone_not_failed() -> None:
+    """A CRD upgraded before the operator defaults a new field into every job: the old
+    operator does not know it, and must not fail a job that trains (it did, in a soak)."""
+    world = World()
+    job = world.kube.jobs[NAME]
+    job["status"] = {"phase": "Running", "currentStep": 12}
+    job["spec"]["algorithm"]["newerKnob"] = 0
+    assert world.reconcile() == 60.0
+    assert world.status["phase"] == "Running"
+    assert "does not know spec.algorithm.newerKnob" in world.status["message"]
+    assert "upgrade the operator" in world.status["message"]
+    assert world.reasons() == ["OperatorOutdated"]
+    world.reconcile()
+    assert world.reasons() == ["OperatorOutdated"], "said once"
+    assert world.kube.applied == []
+
+
 def test_a_job_only_the_models_can_refuse_fails_naming_the_field() -> None:
     """A pod volume of two sources passes the CRD (its source is free-form): the operator's
     first reconcile refuses it."""
