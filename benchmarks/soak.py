@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -436,6 +437,9 @@ def main() -> int:
     parser.add_argument("--faults", default=",".join(FAULTS), help="in turn, comma-separated")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    # SIGTERM ends the soak as Ctrl-C does: the session's cleanup stops its operator (an
+    # orphaned one, of older code, kept reconciling every job after a killed soak).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     chosen = [f for f in args.faults.split(",") if f]
     unknown = set(chosen) - set(FAULTS)
     if unknown:
