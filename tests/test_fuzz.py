@@ -6,30 +6,16 @@ The examples are derandomized, so a run is repeatable; `python benchmarks/fuzz.p
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlhf_local.paths import load_benchmark
 from rlhfjob.config import parse_job
 
-
-def _load_fuzzer() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz.py"
-    spec = importlib.util.spec_from_file_location("rlhf_fuzz", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_fuzzer()
+fuzz = load_benchmark("fuzz")
 
 CI = settings(
     deadline=None,

@@ -3,25 +3,11 @@ and where the rest went, and the memory growth per hour."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from rlhf_local.paths import load_benchmark
 
-def _load_soak() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
-    spec = importlib.util.spec_from_file_location("rlhf_soak", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _load_soak()
+soak = load_benchmark("soak")
 
 
 def step(number: int, at: float, attempt: int = 0, seconds: float = 1.0) -> dict[str, object]:

@@ -10,11 +10,14 @@ running cluster's certificates, kubeconfigs, logs and pid files; it is gitignore
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 
 #: The e2e/ directory of the repository (this package lives in e2e/rlhf_local).
 E2E_DIR = Path(__file__).resolve().parent.parent
@@ -82,3 +85,15 @@ def load_ports(root: Path, names: Iterable[str]) -> dict[str, int]:
     root.mkdir(parents=True, exist_ok=True)
     state_file(root).write_text(json.dumps({"ports": ports}, indent=2) + "\n")
     return ports
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """`benchmarks/<name>.py` as a module (the benchmarks are scripts, not a package), for the
+    tests that run a benchmark's properties or figures CI-sized."""
+    path = REPO_ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"rlhf_bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -9,16 +9,13 @@ jobs the models accept, and accept the RayCluster the operator would build for e
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from kubernetes.client.exceptions import ApiException
 
+from rlhf_local.paths import load_benchmark
 from rlhf_local.testing import LocalCluster
 from rlhfjob import api
 from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
@@ -26,17 +23,7 @@ from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 pytestmark = pytest.mark.e2e
 
 
-def _load_fuzzer() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fuzz.py"
-    spec = importlib.util.spec_from_file_location("rlhf_fuzz", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_fuzzer()
+fuzz = load_benchmark("fuzz")
 
 # A job policy (the chart's ValidatingAdmissionPolicy) may be bound while these run; what it
 # refuses is no matter of the schema.
