@@ -27,6 +27,17 @@ INVALID_CASES: list[InvalidCase] = [
     ),
     InvalidCase("kernels-unknown", _spec(model={"kernels": "triton"}), "spec.model.kernels"),
     InvalidCase(
+        "optimizer-offload-on-cpu-trainers",
+        _spec(model={"optimizerOffload": "cpu"}),
+        "spec.model.optimizerOffload",
+        "model.optimizerOffload cpu moves the optimizer from the trainer's GPUs",
+    ),
+    InvalidCase(
+        "optimizer-offload-unknown",
+        _spec(model={"optimizerOffload": "nvme"}),
+        "spec.model.optimizerOffload",
+    ),
+    InvalidCase(
         "kernels-liger-on-cpu-trainers",
         _spec(model={"kernels": "liger"}),
         "spec.model.kernels",

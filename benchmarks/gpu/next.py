@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+LARGE_MODEL_KEYS = (
+    "model_7b_step_seconds",
+    "model_7b_update_tokens_per_s",
+    "model_7b_peak_gpu_gb",
+    "model_7b_peak_host_gb",
+    "model_7b_reward_first_steps",
+    "model_7b_reward_last_steps",
+)
+"""The 7B-class job's figures, as `large_model.py job` names them."""
 
 
 def load(name: str) -> dict[str, Any]:
@@ -34,6 +43,7 @@ def main() -> None:
         if r["shape"] == "1.5b" and r["variant"] == "zero3"
     )
     stall = load("gpu-checkpoint-stall.json")
+    large = load("gpu-large-model.json")
     figures: dict[str, Any] = {
         "update_mfu_1_5b": best["mfu"],
         "update_mfu_1_5b_run": f"trainer, {best['variant']}, micro-batch {best['micro_batch']}",
@@ -47,11 +57,13 @@ def main() -> None:
             "one GPU, so the trainer runs ZeRO-2 there (1.02x plain); ZeRO-3 stays for several "
             "ranks and for loading a model partitioned"
         ),
-        "model_7b": None,
-        "model_7b_note": (
-            "not run yet; the arithmetic (BENCHMARKS.md): 20 bytes a parameter of training "
-            "state, 152 GB for 7.6 B, exceed the H200's 141 GB; with the optimizer offloaded the "
-            "GPU holds 30 GB and the host 122 GB, which the trainer's config does not offer yet"
+        **{key: large[key] for key in LARGE_MODEL_KEYS},
+        "model_7b_params": large["params"],
+        "model_7b_shape": (
+            "Qwen2.5-7B's decoder (28 layers, hidden 3584, MLP 18944, 28 heads, 4 KV heads) with "
+            f"a {large['shape']['vocab_size']:,}-token vocabulary; Qwen's own 152,064 makes "
+            "7.6 B parameters, whose 122 GB of offloaded optimizer state leave this 135 GB "
+            "host too little for the processes beside it (BENCHMARKS.md)"
         ),
         "checkpoint_blocking_seconds_0_5b": stall["checkpoint_blocking_seconds_0_5b"],
         "stall_fraction": stall["stall_fraction"],
@@ -65,11 +77,14 @@ def main() -> None:
         "checkpoint_blocking_seconds_0_5b": ("<=", 1.0),
         "stall_fraction": ("<=", 0.10),
         "checkpoint_stall_percent": ("<=", 1.0),
+        "model_7b_reward_last_steps": (">", large["model_7b_reward_first_steps"]),
     }
     figures["goals"] = {
         key: {
             "goal": f"{op} {bound:.4g}",
-            "met": figures[key] >= bound if op == ">=" else figures[key] <= bound,
+            "met": {">=": figures[key] >= bound, ">": figures[key] > bound}.get(
+                op, figures[key] <= bound
+            ),
         }
         for key, (op, bound) in goals.items()
     }
@@ -78,6 +93,7 @@ def main() -> None:
         "kernels": kernels["command"],
         "checkpoint": stall["command"],
         "zero3": "gpu-colocated.json (benchmarks/gpu/colocated.py update)",
+        "model_7b": large["command"],
     }
     (RESULTS / "gpu-next.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures["goals"], indent=2))

@@ -59,6 +59,16 @@ class ModelSpec(ApiModel):
     same log-probs within bf16 rounding; BENCHMARKS.md). Needs trainer GPUs and a model type
     Liger patches (llama, mistral, qwen2, qwen3, gemma, phi3 and a few more; another is refused
     with the list). Rollout engines keep their own kernels."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (the policy and the critic): about a third more update compute for the activation memory
+    of one layer, which is what lets a large model's update fit beside its optimizer."""
+    optimizer_offload: Literal["none", "cpu"] = "none"
+    """Where the trainer's optimizer lives. `cpu`: the fp32 master weights, AdamW's moments and
+    the fp32 gradients in host memory, updated there by DeepSpeed's CPU Adam (ZeRO-Offload),
+    16 bytes a parameter; the GPU keeps the bf16 weights and gradients, 4 bytes a parameter.
+    What trains a 7B-class model on one H200 (BENCHMARKS.md); size the trainer's `memory`
+    for it. Needs trainer GPUs (on the CPU the optimizer is in host memory already)."""
 
     cel_rules = (
         CelRule(
@@ -495,6 +505,13 @@ class RLHFJobSpec(ApiModel):
             " || (has(self.roles.trainer.gpus) && self.roles.trainer.gpus >= 1)",
             "model.kernels liger runs Triton kernels on GPUs: it needs roles.trainer.gpus >= 1",
             ".model.kernels",
+        ),
+        CelRule(
+            "!has(self.model.optimizerOffload) || self.model.optimizerOffload != 'cpu'"
+            " || (has(self.roles.trainer.gpus) && self.roles.trainer.gpus >= 1)",
+            "model.optimizerOffload cpu moves the optimizer from the trainer's GPUs to host "
+            "memory: it needs roles.trainer.gpus >= 1",
+            ".model.optimizerOffload",
         ),
         CelRule(
             "self.algorithm.maxStaleness == 0 || !has(self.roles.rollout.placement)"

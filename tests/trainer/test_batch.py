@@ -150,6 +150,24 @@ def test_the_deepspeed_config_follows_the_algorithm():
     assert reference["bf16"] == {"enabled": True}
 
 
+def test_an_offloaded_optimizer_lives_in_host_memory_and_only_on_gpus():
+    offloaded = deepspeed_config(
+        algorithm(), accumulation_steps=1, bf16=True, on_gpu=True, stage=2, optimizer_offload=True
+    )
+    assert offloaded["zero_optimization"] == {
+        "stage": 2,
+        "offload_optimizer": {"device": "cpu", "pin_memory": False},
+    }
+    reference = deepspeed_config(
+        algorithm(), accumulation_steps=1, bf16=True, on_gpu=True, train=False,
+        optimizer_offload=True,
+    )  # fmt: skip
+    assert "offload_optimizer" not in reference["zero_optimization"]  # it has no optimizer
+    with pytest.raises(ValueError, match="needs GPUs"):
+        deepspeed_config(algorithm(), accumulation_steps=1, bf16=False, on_gpu=False,
+                         optimizer_offload=True)  # fmt: skip
+
+
 def test_learning_rate_schedules_warm_up_then_hold_or_decay():
     warm_constant = lr_multiplier("constant", warmup_steps=3, total_steps=10)
     assert [warm_constant(n) for n in range(5)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])

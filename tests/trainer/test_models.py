@@ -54,6 +54,35 @@ def test_random_init_is_drawn_in_float32_then_cast() -> None:
     assert all(torch.equal(full[name].to(torch.bfloat16), half[name]) for name in full)
 
 
+def test_activation_checkpointing_recomputes_each_layer_and_keeps_the_gradients() -> None:
+    """`model.activationCheckpointing`: each decoder layer runs again in the backward pass,
+    and the gradients are those of the plain model."""
+    from rlhf_trainer.models import with_activation_checkpointing
+
+    spec = load_job(EXAMPLE).spec
+    input_ids = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def layer_calls_and_gradients(enabled: bool) -> tuple[int, dict[str, Any]]:
+        model = with_activation_checkpointing(build_causal_lm(spec.model, 3), enabled)
+        model.train()
+        calls = 0
+
+        def count(*_: Any) -> None:
+            nonlocal calls
+            calls += 1
+
+        model.get_decoder().layers[0].self_attn.register_forward_pre_hook(count)
+        model(input_ids=input_ids).logits.float().pow(2).mean().backward()
+        return calls, {name: p.grad for name, p in model.named_parameters()}
+
+    plain_calls, plain = layer_calls_and_gradients(False)
+    calls, checkpointed = layer_calls_and_gradients(True)
+    assert (plain_calls, calls) == (1, 2)
+    assert all(torch.allclose(plain[n], checkpointed[n], atol=1e-6) for n in plain)
+    critic = with_activation_checkpointing(build_critic(spec.model, 3), True)
+    assert critic.backbone.is_gradient_checkpointing
+
+
 def _partitioned_loading_process(directory: str, results: Any) -> None:
     """A one-rank gloo group: load `directory` under ZeRO-3 and under ZeRO-2, report what came."""
     import deepspeed

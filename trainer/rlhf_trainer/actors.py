@@ -39,10 +39,17 @@ from rlhf_trainer.adoption import spec_digest, spec_json
 from rlhf_trainer.batch import Batch, ShardPlan
 from rlhf_trainer.colocated import ColocatedEngine
 from rlhf_trainer.losses import PolicyObjective
-from rlhf_trainer.models import build_causal_lm, build_critic, build_reference, training_dtype
+from rlhf_trainer.models import (
+    build_causal_lm,
+    build_critic,
+    build_reference,
+    training_dtype,
+    with_activation_checkpointing,
+)
 from rlhf_trainer.rollout import Completion, SamplingParams
 from rlhf_trainer.topology import role_ranks, rollout_rows
 from rlhf_trainer.zero import (
+    cpu_adam,
     deepspeed_config,
     lr_multiplier,
     skip_unused_deepspeed_builds,
@@ -171,7 +178,13 @@ class ZeroWorker:
             on_gpu=self.on_gpu,
             train=train,
             stage=zero_stage(self.world_size, self.on_gpu),
+            optimizer_offload=self.optimizer_offloaded,
         )
+
+    @property
+    def optimizer_offloaded(self) -> bool:
+        """Whether this rank's optimizer lives in host memory (`model.optimizerOffload`)."""
+        return self.on_gpu and self.spec.model.optimizer_offload == "cpu"
 
     def _training_engine(
         self, model: nn.Module, learning_rate: float, total_optimizer_steps: int
@@ -179,8 +192,12 @@ class ZeroWorker:
         import deepspeed
 
         algorithm = self.spec.algorithm
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=learning_rate, weight_decay=0.0, fused=self.on_gpu
+        optimizer = (
+            cpu_adam(model.parameters(), learning_rate)
+            if self.optimizer_offloaded
+            else torch.optim.AdamW(
+                model.parameters(), lr=learning_rate, weight_decay=0.0, fused=self.on_gpu
+            )
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
@@ -308,7 +325,10 @@ class PolicyWorker(ZeroWorker):
     """This rank's own rollout engine when the rollout is colocated (`rlhf_trainer.colocated`)."""
 
     def _build(self, total_optimizer_steps: int) -> None:
-        model = build_causal_lm(self.spec.model, self.seed, self.dtype, self._config(True))
+        model = with_activation_checkpointing(
+            build_causal_lm(self.spec.model, self.seed, self.dtype, self._config(True)),
+            self.spec.model.activation_checkpointing,
+        )
         self.engine = self._training_engine(
             model, self.spec.algorithm.policy_learning_rate, total_optimizer_steps
         )
@@ -521,7 +541,10 @@ class CriticWorker(ZeroWorker):
     state_dir = "critic"
 
     def _build(self, total_optimizer_steps: int) -> None:
-        model = build_critic(self.spec.model, self.seed, self.dtype, self._config(True))
+        model = with_activation_checkpointing(
+            build_critic(self.spec.model, self.seed, self.dtype, self._config(True)),
+            self.spec.model.activation_checkpointing,
+        )
         self.engine = self._training_engine(
             model, self.spec.algorithm.critic_learning_rate, total_optimizer_steps
         )

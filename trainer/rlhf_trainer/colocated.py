@@ -5,7 +5,8 @@ all, and no GPU idles while the other phase runs. The rank hands its memory back
 
 * **generation**: the engine is awake; the ZeRO-3 trainer offloads its optimizer state,
   fp32 master weights and gradients to host memory (`ColocatedEngine.for_rollout`). Below
-  ZeRO-3 DeepSpeed cannot offload them, and they stay (a one-GPU job has room).
+  ZeRO-3 DeepSpeed cannot offload them, and they stay (a one-GPU job has room); with
+  `model.optimizerOffload: cpu` they live on the host throughout.
 * **update**: the engine sleeps (`roles.rollout.sleepLevel`; level 1 moves its weights to the
   host, level 2 drops them; both free the KV cache) and the trainer reloads its state.
 * **weight update**: parameters are gathered one module at a time (a ZeRO-3 collective, so
@@ -116,7 +117,7 @@ class ColocatedEngine:
         if self.mode == ROLLOUT:
             return
         self._mark(TRAINING)
-        if self.on_gpu and _zero_stage(trainer) == 3:
+        if self.on_gpu and _zero_stage(trainer) == 3 and not trainer.zero_cpu_offload():
             self._timed("trainer_offload", lambda: _offload(trainer))
             self.offloaded = True
         if self.on_gpu:  # the trainer's cached blocks back to the device, for the KV cache

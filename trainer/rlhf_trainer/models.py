@@ -162,6 +162,19 @@ def with_kernels(model: nn.Module, kernels: str) -> nn.Module:
     return model
 
 
+def with_activation_checkpointing(model: nn.Module, enabled: bool) -> nn.Module:
+    """`model` recomputing each decoder layer's activations in its backward pass when
+    `enabled` (`spec.model.activationCheckpointing`; a trained network, the policy or the
+    critic). Non-reentrant checkpointing: it needs no input that requires a gradient, and
+    it leaves ZeRO-3's parameter hooks working in the recomputation."""
+    if enabled:
+        target = model.backbone if isinstance(model, CriticModel) else model
+        cast(Any, target).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    return model
+
+
 def build_causal_lm(
     spec: ModelSpec,
     seed: int,

@@ -26,7 +26,9 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
+
+import torch
 
 from rlhfjob.api import AlgorithmSpec
 
@@ -87,10 +89,21 @@ def deepspeed_config(
     on_gpu: bool,
     train: bool = True,
     stage: int = 3,
+    optimizer_offload: bool = False,
 ) -> dict[str, Any]:
-    """The DeepSpeed config of a ZeRO engine (train=False for the frozen reference)."""
+    """The DeepSpeed config of a ZeRO engine (train=False for the frozen reference).
+
+    `optimizer_offload` (`model.optimizerOffload: cpu`, GPUs only) keeps the optimizer in host
+    memory (ZeRO-Offload; the engine's optimizer must then be DeepSpeed's CPU Adam,
+    `cpu_adam`). Unpinned: pinning 16 bytes a parameter of a 7B-class model would lock most of
+    the host's memory, and the copies it would speed up are a few percent of such a step.
+    """
     # An optimizer-less engine (the reference) has nothing to partition below ZeRO-3.
     zero: dict[str, Any] = {"stage": stage if train or stage == 3 else 0}
+    if train and optimizer_offload:
+        if not on_gpu or stage == 0:
+            raise ValueError("optimizer offload needs GPUs and a ZeRO stage of 1 or more")
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if not on_gpu and zero["stage"] == 3:
         zero["stage3_param_persistence_threshold"] = 0
     config: dict[str, Any] = {
@@ -151,3 +164,15 @@ def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int) -> Callabl
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def cpu_adam(parameters: Any, learning_rate: float) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU Adam in AdamW mode (no weight decay, as the GPU path's AdamW): the
+    optimizer ZeRO-Offload runs on the host. Its C++ extension is built on first use (about a
+    minute) unless the image built it with DeepSpeed (`DS_BUILD_CPU_ADAM=1`)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return cast(
+        torch.optim.Optimizer,
+        DeepSpeedCPUAdam(parameters, lr=learning_rate, weight_decay=0.0, adamw_mode=True),
+    )
