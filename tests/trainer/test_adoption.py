@@ -15,7 +15,9 @@ from rlhf_trainer.adoption import (
     DEFAULT_ADOPT_TIMEOUT_S,
     ENV_ADOPT_TIMEOUT,
     adoption_timeout_s,
+    kill_actors_of_other_specs,
     kill_job_actors,
+    other_spec_namespaces,
     ray_namespace,
     spec_digest,
     spec_json,
@@ -43,6 +45,20 @@ def test_the_namespace_names_the_job_and_its_spec() -> None:
         update={"spec": job.spec.model_copy(update={"image": "ghcr.io/rlhfjob/trainer:0.2.0"})}
     )
     assert ray_namespace(changed, env) != namespace
+
+
+def test_the_namespaces_of_the_same_job_under_other_specs_are_told_apart() -> None:
+    job = load_job(EXAMPLE)
+    env = {ENV_JOB_NAME: "grpo-tiny", ENV_JOB_NAMESPACE: "team-a"}
+    own = ray_namespace(job, env)
+    changed = ray_namespace(
+        job.model_copy(update={"spec": job.spec.model_copy(update={"image": "trainer:0.2"})}), env
+    )
+    longer_name = ray_namespace(job, {**env, ENV_JOB_NAME: "grpo-tiny-b"})
+    other_job = ray_namespace(job, {**env, ENV_JOB_NAME: "other"})
+    found = {own, changed, longer_name, other_job, "test-adoption"}
+    assert other_spec_namespaces(own, found) == {changed}
+    assert other_spec_namespaces(changed, found) == {own}
 
 
 def test_without_the_operators_env_the_checkpoint_directory_names_the_job() -> None:
@@ -226,3 +242,38 @@ def test_nothing_is_adopted_when_a_group_is_missing(ray_namespace_of_a_job):
         kill_job_actors()
     assert ray.util.list_named_actors() == []
     assert adopt(ppo, launcher, total_steps=4, timeout_s=1, log=print) is None  # nothing there
+
+
+@pytest.mark.slow
+def test_a_driver_kills_what_an_attempt_under_another_spec_left(ray_namespace_of_a_job):
+    """Actors of the same job under another spec hold the role's resources: the new attempt
+    kills them (they cannot be adopted); another job's actors stay."""
+    ray = ray_namespace_of_a_job
+    engine = stand_in_engine()
+    own, stale, other_job = (
+        "rlhfjob-team-a-job-aaaaaaaaaaaa",
+        "rlhfjob-team-a-job-bbbbbbbbbbbb",
+        "rlhfjob-team-a-job-b-cccccccccccc",
+    )
+    left = {
+        namespace: engine.options(name="trainer-rank-0", namespace=namespace,
+                                  lifetime="detached").remote("tag")
+        for namespace in (stale, other_job)
+    }  # fmt: skip
+    ray.get([actor.ping.remote() for actor in left.values()])
+    lines: list[str] = []
+    try:
+        assert kill_actors_of_other_specs(lines.append, own=own) == 1
+        assert lines == ["killed 1 actors an earlier attempt left under another spec"]
+        wait_for(
+            lambda: (
+                {a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)}
+                == {other_job}
+            ),
+            30,
+            "the other spec's actor gone",
+        )
+        assert ray.get(left[other_job].ping.remote()) == "tag"
+    finally:
+        for actor in left.values():
+            ray.kill(actor, no_restart=True)

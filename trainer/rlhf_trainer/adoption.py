@@ -6,7 +6,10 @@ and DeepSpeed, building the ZeRO-3 engines and the rollout engines) is most of a
 So every actor of a run is named and detached, in a Ray namespace of its own job and job spec
 (`ray_namespace`): a later driver of the same job and spec finds them by name, checks that they
 answer (`adoption_timeout_s`), loads the checkpoint into them and carries on; a changed spec gets
-another namespace and never sees old actors.
+another namespace and never adopts old actors. It kills them instead
+(`kill_actors_of_other_specs`): left alive, they would hold the role's Ray resources, and the new
+attempt's actors would wait for them forever (a trainer image whose spec model gained a field
+restarts under another digest, for one).
 
 Ownership rule: a driver that exits on its own (success, any error, a stop signal) kills its
 job's actors (`kill_job_actors`), since an error may have left an actor broken. Only a driver
@@ -18,10 +21,11 @@ This module imports only the standard library and `rlhfjob` (the driver uses it 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from rlhfjob import contract
 from rlhfjob.api import RLHFJob, RLHFJobSpec
@@ -31,6 +35,7 @@ ENV_ADOPT_TIMEOUT = "RLHF_ADOPT_TIMEOUT_S"
 DEFAULT_ADOPT_TIMEOUT_S = 5.0
 _NAMESPACE_PREFIX = "rlhfjob-"
 _MAX_NAMESPACE_LENGTH = 120
+_DIGEST_LENGTH = 12
 
 
 def spec_json(spec: RLHFJobSpec) -> str:
@@ -40,7 +45,7 @@ def spec_json(spec: RLHFJobSpec) -> str:
 
 def spec_digest(json_text: str) -> str:
     """A short fingerprint of a job spec's JSON: adopted actors must carry the same one."""
-    return hashlib.sha256(json_text.encode()).hexdigest()[:12]
+    return hashlib.sha256(json_text.encode()).hexdigest()[:_DIGEST_LENGTH]
 
 
 def ray_namespace(job: RLHFJob, environ: Mapping[str, str]) -> str:
@@ -68,6 +73,38 @@ def adoption_timeout_s(environ: Mapping[str, str]) -> float:
     """How long adoption waits for every actor to answer (``$RLHF_ADOPT_TIMEOUT_S``)."""
     value = environ.get(ENV_ADOPT_TIMEOUT)
     return float(value) if value else DEFAULT_ADOPT_TIMEOUT_S
+
+
+def other_spec_namespaces(own: str, namespaces: Iterable[str]) -> set[str]:
+    """The namespaces among `namespaces` of the job of namespace `own` under another spec:
+    the same job part, another digest (`namespace_of`). Another job whose name only begins
+    with this one's (``job`` and ``job-b``) has more than a digest after the shared part."""
+    base, _, _ = own.rpartition("-")
+    digest = re.compile(rf"{re.escape(base)}-[0-9a-f]{{{_DIGEST_LENGTH}}}")
+    return {ns for ns in namespaces if ns != own and digest.fullmatch(ns)}
+
+
+def kill_actors_of_other_specs(
+    log: Callable[[str], None] | None = None, own: str | None = None
+) -> int:
+    """Kill the named actors this job's earlier attempts left under another spec (another
+    namespace, `other_spec_namespaces` of `own`, the driver's namespace by default); returns
+    how many."""
+    import ray
+
+    own = own if own is not None else ray.get_runtime_context().namespace
+    found = ray.util.list_named_actors(all_namespaces=True)
+    stale = other_spec_namespaces(own, {actor["namespace"] for actor in found})
+    killed = 0
+    for actor in found:
+        if actor["namespace"] in stale:
+            with contextlib.suppress(ValueError):  # gone meanwhile
+                handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+                ray.kill(handle, no_restart=True)
+                killed += 1
+    if killed and log is not None:
+        log(f"killed {killed} actors an earlier attempt left under another spec")
+    return killed
 
 
 def kill_job_actors(log: Callable[[str], None] | None = None, timeout_s: float = 30.0) -> int:

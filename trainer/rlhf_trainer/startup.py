@@ -32,7 +32,13 @@ from rlhf_trainer.actors import (
     ZeroWorker,
     rank_name,
 )
-from rlhf_trainer.adoption import DEFAULT_ADOPT_TIMEOUT_S, kill_job_actors, spec_digest, spec_json
+from rlhf_trainer.adoption import (
+    DEFAULT_ADOPT_TIMEOUT_S,
+    kill_actors_of_other_specs,
+    kill_job_actors,
+    spec_digest,
+    spec_json,
+)
 from rlhf_trainer.colocated import ColocatedRollout
 from rlhf_trainer.data import PromptCounts, PromptItem, fit_prompts, load_prompts
 from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_name
@@ -451,6 +457,7 @@ def adopt(
     the live engines by id (missing ones are started later). None: start cold."""
     import ray
 
+    kill_actors_of_other_specs(log)
     if not ray.util.list_named_actors():
         return None
     by_role = {}
