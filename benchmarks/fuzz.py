@@ -568,6 +568,33 @@ def _affinity_targets(path: tuple[str, ...]) -> Iterator[Target]:
         )
 
 
+_VOLUME_SOURCES = st.sampled_from(
+    [
+        {"persistentVolumeClaim": {"claimName": "ckpt"}},
+        {"nfs": {"server": "nfs.local", "path": "/exports", "readOnly": False}},
+        {"emptyDir": {"sizeLimit": "10Gi"}},
+        {"csi": {"driver": "fuse.example.com", "volumeAttributes": {"bucket": "ckpt"}}},
+    ]
+)
+_BROKEN_VOLUME_SOURCES = {
+    "persistentVolumeClaim.claimname": {"persistentVolumeClaim": {"claimname": "ckpt"}},
+    "nfs.server": {"nfs": {"path": "/exports"}},
+    "nfs.readOnly": {"nfs": {"server": "nfs.local", "path": "/exports", "readOnly": "yes"}},
+    "emptyDir.sizeLimit": {"emptyDir": {"sizeLimit": "lots"}},
+    "csi.volumeAttributes.bucket": {"csi": {"driver": "d", "volumeAttributes": {"bucket": 1}}},
+}
+"""Volume sources broken one way each (a misspelt or missing field, a wrong type, a size that
+is no quantity), by the field to blame."""
+
+
+def _volume_source_targets() -> Iterator[Target]:
+    """The checkpoint volume's source, checked against Kubernetes' own schema
+    (`rlhfjob.api.kubeschema`)."""
+    path = ("spec", "checkpoint", "volume")
+    for blamed, source in _BROKEN_VOLUME_SOURCES.items():
+        yield Target(f"{'.'.join(path)}.{blamed}", path, st.just(source), _VOLUME_SOURCES)
+
+
 @cache
 def targets() -> tuple[Target, ...]:
     """Every field a case may set."""
@@ -593,6 +620,7 @@ def targets() -> tuple[Target, ...]:
             also=((("spec", "model", "policy"), _DELETE),),
         )
     )
+    found.extend(_volume_source_targets())
     found.extend(_path_targets())
     found.append(_context_window_target())
     found.append(_synthetic_task_target())

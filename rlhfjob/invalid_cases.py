@@ -16,6 +16,8 @@ from rlhfjob.invalid_case import spec_patch as _spec
 from rlhfjob.invalid_case import toleration_patch as _toleration
 from rlhfjob.invalid_pod_cases import POD_OVERRIDE_CASES
 
+NFS_READ_ONLY_YES = {"server": "nfs.local", "path": "/models", "readOnly": "yes"}
+
 INVALID_CASES: list[InvalidCase] = [
     InvalidCase("image-missing", _spec(image=None), "spec.image"),
     InvalidCase("image-empty", _spec(image=""), "spec.image"),
@@ -192,6 +194,31 @@ INVALID_CASES: list[InvalidCase] = [
         ),
         "spec.roles.trainer.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
         ".nodeSelectorTerm",
+    ),
+    InvalidCase(
+        "volume-source-misspelt-field",
+        _spec(
+            checkpoint={
+                "volume": {"persistentVolumeClaim": {"claimName": "ckpt", "readonly": True}}
+            }
+        ),
+        "spec.checkpoint.volume.persistentVolumeClaim.readonly",
+    ),
+    InvalidCase(
+        "volume-source-without-a-required-field",
+        _spec(checkpoint={"volume": {"nfs": {"path": "/exports/checkpoints"}}}),
+        "spec.checkpoint.volume.nfs.server",
+    ),
+    InvalidCase(
+        "volume-source-field-of-a-wrong-type",
+        _spec(pods={"volumes": [{"name": "models", "nfs": NFS_READ_ONLY_YES}]}),
+        "spec.pods.volumes[0].nfs.readOnly",
+    ),
+    InvalidCase(
+        "volume-source-size-not-a-quantity",
+        _spec(pods={"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "lots"}}]}),
+        "spec.pods.volumes[0].emptyDir.sizeLimit",
+        "must be a Kubernetes quantity",
     ),
     InvalidCase(
         "affinity-weight-not-an-integer",

@@ -109,11 +109,29 @@ def test_optional_fields_are_nullable_and_quantities_int_or_string(crd: dict[str
 
 
 def test_the_embedded_kubernetes_schemas_are_fresh() -> None:
-    """`rlhfjob/api/kubernetes-affinity.json` is what the pinned Kubernetes client gives."""
+    """`rlhfjob/api/kubernetes-*.json` are what the pinned Kubernetes client gives."""
     from rlhfjob import kubegen
-    from rlhfjob.api import kubeschema
 
-    assert kubeschema.SCHEMA_PATH.read_text() == kubegen.generate(), "run `task crds`"
+    for path, text in kubegen.generate().items():
+        assert path.read_text() == text, f"{path.name}: run `task crds`"
+
+
+def test_volumes_carry_the_schema_of_the_sources_an_installation_allows(
+    crd: dict[str, Any],
+) -> None:
+    from rlhfjob.api.kubeschema import VOLUME_SOURCES
+
+    spec = _schema(crd)["properties"]["spec"]["properties"]
+    for volume in (
+        spec["checkpoint"]["properties"]["volume"],
+        spec["pods"]["properties"]["volumes"]["items"],
+    ):
+        assert set(VOLUME_SOURCES) < set(volume["properties"])
+        assert volume["x-kubernetes-preserve-unknown-fields"] is True  # others: the policy's
+        claim = volume["properties"]["persistentVolumeClaim"]
+        assert claim["required"] == ["claimName"]
+        size = volume["properties"]["emptyDir"]["properties"]["sizeLimit"]
+        assert size["x-kubernetes-int-or-string"] is True and size["maxLength"] == 64
 
 
 def test_status_subresource_and_printer_columns(crd: dict[str, Any]) -> None:

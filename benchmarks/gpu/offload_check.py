@@ -54,7 +54,9 @@ def engine(shape: str, offload: bool, micro: int) -> Any:
     from rlhf_trainer.zero import cpu_adam, deepspeed_config
     from rlhfjob.api import AlgorithmSpec, ModelSpec
 
-    algorithm = AlgorithmSpec.model_validate({"name": "grpo", "microBatchSize": micro})
+    algorithm = AlgorithmSpec.model_validate(
+        {"name": "grpo", "microBatchSize": micro, "totalSteps": 10}
+    )
     spec = ModelSpec.model_validate({"randomInit": model_config(shape)})
     config = deepspeed_config(
         algorithm, accumulation_steps=1, bf16=True, on_gpu=True, stage=2,

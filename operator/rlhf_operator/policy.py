@@ -31,17 +31,12 @@ from rlhfjob.api import (
     Roles,
     Toleration,
 )
+from rlhfjob.api.kubeschema import VOLUME_SOURCES
 from rlhfjob.contract.kueue import LABEL_QUEUE_NAME
 
-DEFAULT_VOLUME_TYPES = (
-    "persistentVolumeClaim",
-    "csi",
-    "nfs",
-    "emptyDir",
-    "configMap",
-    "secret",
-)
-"""Volume sources a job's volumes may use unless the policy says otherwise."""
+DEFAULT_VOLUME_TYPES = VOLUME_SOURCES
+"""Volume sources a job's volumes may use unless the policy says otherwise: those whose
+Kubernetes schema the API carries (`rlhfjob.api.kubeschema`)."""
 
 
 def _secret_references(path: str, pod: PodOverrides) -> list[str]:

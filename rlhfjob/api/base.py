@@ -244,7 +244,7 @@ FreeForm = Annotated[
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 
-_AFFINITY_SCHEMA = kubeschema.load_schema()
+_AFFINITY_SCHEMA = kubeschema.load_schema(kubeschema.AFFINITY_PATH)
 
 
 def _check_affinity(value: dict[str, Any]) -> dict[str, Any]:
@@ -329,19 +329,27 @@ _VOLUME_RULES = (
         ".name",
     ),
 )
+VOLUME_SOURCES_SCHEMA = kubeschema.load_schema(kubeschema.VOLUME_SOURCES_PATH)
+"""Kubernetes' own schemas of the volume sources an installation allows by default."""
 _VOLUME_SCHEMA = _open_object(
-    {"name": {"type": "string", "description": "Not allowed: the operator names the volume."}},
+    {
+        "name": {"type": "string", "description": "Not allowed: the operator names the volume."},
+        **VOLUME_SOURCES_SCHEMA["properties"],
+    },
     _VOLUME_RULES,
 )
 
 
 def _one_volume_source(value: dict[str, Any]) -> dict[str, Any]:
+    """A volume's sources: one, of Kubernetes' own schema where the API knows its type."""
     # Not expressible in CEL: the server shows a rule only the declared properties.
     if len(value) > 1:
         raise ValueError(
             f"a volume has one source (for example persistentVolumeClaim), not {len(value)}: "
             + ", ".join(sorted(value))
         )
+    if problems := kubeschema.schema_problems(VOLUME_SOURCES_SCHEMA, value):
+        raise _problems_error(problems)
     return value
 
 

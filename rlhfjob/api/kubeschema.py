@@ -1,12 +1,15 @@
 """Kubernetes types the API embeds, checked against Kubernetes' own schema (issue 28).
 
-A role's `affinity` is a Kubernetes `Affinity`, passed through to the pods. Accepted as a
-free-form object it let a misspelt field or a wrong type through `rlhfjob validate` and the
-API server, to be dropped or refused only when the operator built the RayCluster. Its schema
-comes from the Kubernetes Python client's models (`rlhfjob.kubegen`, `task crds`), committed as
-`kubernetes-affinity.json` beside this module: the CRD carries it (so the API server checks it,
-as KubeRay's CRD carries the pod template's) and the models check a value against it here,
-without importing the client at run time.
+A role's `affinity` is a Kubernetes `Affinity`, passed through to the pods, and a volume (the
+checkpoint volume, `pods.volumes`) carries a Kubernetes volume source. Accepted as free-form
+objects they let a misspelt field or a wrong type through `rlhfjob validate` and the API
+server, to be dropped or refused only when the operator built the RayCluster. Their schemas
+come from the Kubernetes Python client's models (`rlhfjob.kubegen`, `task crds`), committed as
+JSON beside this module: the CRD carries them (so the API server checks them, as KubeRay's CRD
+carries the pod template's) and the models check a value against them here, without importing
+the client at run time. Of the thirty-odd volume sources, the schema names those an
+installation allows by default (`VOLUME_SOURCES`); another is kept as written and left to the
+installation's policy, which names the types it allows.
 """
 
 from __future__ import annotations
@@ -15,11 +18,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-SCHEMA_PATH = Path(__file__).resolve().parent / "kubernetes-affinity.json"
+AFFINITY_PATH = Path(__file__).resolve().parent / "kubernetes-affinity.json"
+VOLUME_SOURCES_PATH = Path(__file__).resolve().parent / "kubernetes-volume-sources.json"
+
+VOLUME_SOURCES = ("persistentVolumeClaim", "csi", "nfs", "emptyDir", "configMap", "secret")
+"""The volume sources whose schema the API carries: the types an installation allows by
+default (`--allowed-volume-type`), none of which reaches the node's own files."""
 
 
-def load_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+def load_schema(path: Path = AFFINITY_PATH) -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(path.read_text())
     return schema
 
 
@@ -37,7 +45,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 def schema_problems(schema: dict[str, Any], value: Any, path: str = "") -> list[tuple[str, str]]:
     """(field path, message) for each way `value` breaks a structural `schema`: a wrong type,
     a required field missing, a field the type does not have (which the API server would
-    drop)."""
+    drop), a CEL rule of the schema broken."""
     if value is None:
         return [] if schema.get("nullable") else [(path, "must not be null")]
     expected = schema.get("type")
@@ -58,9 +66,14 @@ def schema_problems(schema: dict[str, Any], value: Any, path: str = "") -> list[
                 problems += schema_problems(properties[name], item, child)
             elif isinstance(schema.get("additionalProperties"), dict):
                 problems += schema_problems(schema["additionalProperties"], item, child)
-            elif properties is not None:
+            elif properties is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
                 problems.append((child, f"unknown field {name!r}"))
     elif isinstance(value, list):
         for index, item in enumerate(value):
             problems += schema_problems(schema.get("items", {}), item, f"{path}[{index}]")
+    if not problems and (rules := schema.get("x-kubernetes-validations")):
+        from rlhfjob.cel import CelRule, broken
+
+        own = [CelRule(r["rule"], r["message"], r.get("fieldPath")) for r in rules]
+        problems += [(path + (rule.field_path or ""), rule.message) for rule in broken(own, value)]
     return problems

@@ -30,6 +30,7 @@ from rlhfjob.api.base import (
     RESERVED_ENV,
     RESERVED_KEY_DOMAINS,
     RESERVED_MOUNT_PATHS,
+    VOLUME_SOURCES_SCHEMA,
     ApiModel,
     LabelValue,
     Quantity,
@@ -189,7 +190,13 @@ class PodVolume(ApiModel):
     """A Kubernetes volume: its name and one source (persistentVolumeClaim, configMap, secret,
     csi, nfs, emptyDir, ...), of the types the installation allows."""
 
-    model_config = ConfigDict(extra="allow")  # the source: one of some thirty kinds, passed on
+    # The source: one of some thirty kinds, passed on; those the API knows, with their schema.
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra=lambda schema: schema["properties"].update(
+            VOLUME_SOURCES_SCHEMA["properties"]
+        ),
+    )
 
     name: str = Field(
         max_length=63,
