@@ -26,6 +26,13 @@ Figures (`benchmarks/results/soak.json`):
   the largest such slope of the policy rank's actor over its lifetimes of at least
   `MIN_SEGMENT_S` (a drain replaces it);
 * ``orphans``: objects labelled with the job left after its deletion.
+
+The job's driver, ranks and operator import the checkout they run from (the virtual
+environment installs it editable), and a restart imports it again: run a long soak from a
+clone you do not edit meanwhile (`git clone . /tmp/soak && cd /tmp/soak && task soak`). One run
+that shared its checkout with a change to the API's models had its restarted driver under
+another spec digest, which found the actors the killed one left invisible (that case is now
+handled: `rlhf_trainer.adoption.kill_actors_of_other_specs`).
 """
 
 from __future__ import annotations
