@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import socket
@@ -31,6 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from colocated import Report, model_config
 
 REPO = Path(__file__).resolve().parents[2]
+STARTED = time.perf_counter()
+
+
+def progress(what: str) -> None:
+    """A line per stage, with the seconds since start: a stall shows where it is."""
+    print(f"[{time.perf_counter() - STARTED:7.1f} s] {what}", flush=True)
 
 
 def _distributed() -> None:
@@ -114,15 +121,19 @@ def checkpoints(report: Report, work: Path) -> None:
     from rlhf_trainer import reshard
 
     shape, tokens = "0.5b", batch("0.5b", 8, 256)
+    progress("building the offloaded engine (CPU Adam built on first use)")
     saving = engine(shape, offload=True, micro=8)
     for _ in range(2):
+        progress("a step")
         train_step(saving, tokens)
+    progress("saving")
     reshard.save_engine_state(saving, work / "saved", rank=0, world_size=1)
     train_step(saving, tokens)
     reshard.save_engine_state(saving, work / "saver-after-step", rank=0, world_size=1)
     del saving
     results = {}
     for name, offload in (("offloaded", True), ("on_gpu", False)):
+        progress(f"loading into a fresh engine, optimizer {name}")
         loaded = engine(shape, offload=offload, micro=8)
 
         def zero_step(fresh: Any = loaded) -> None:
@@ -174,7 +185,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/offload")))
     parser.add_argument("--shape", default="1.5b")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--stall-dump-s", type=float, default=240, help="stacks to stderr then")
     args = parser.parse_args()
+    faulthandler.dump_traceback_later(args.stall_dump_s, repeat=True)  # where a stall sits
     report = Report(args.out / "offload-check.json", " ".join(sys.argv))
     _distributed()
     with tempfile.TemporaryDirectory() as work, report.section("checkpoints"):
