@@ -21,8 +21,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from rlhf_trainer.driver import add_arguments as add_train_arguments  # light: torch loads later
-from rlhfjob.config import InvalidJobError, load_job
+from rlhf_trainer import warmstart  # the standard library only: `train` may hand over at once
 
 
 def _crd(_: argparse.Namespace) -> int:
@@ -33,6 +32,8 @@ def _crd(_: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from rlhfjob.config import InvalidJobError, load_job
+
     failed = 0
     for path in args.files:
         try:
@@ -47,6 +48,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _render(args: argparse.Namespace) -> int:
     from rlhf_operator.builder import build_config_map, build_ray_cluster, to_yaml
+    from rlhfjob.config import load_job
 
     job = load_job(args.file)
     sys.stdout.write(to_yaml(build_ray_cluster(job), build_config_map(job)))
@@ -238,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         "never in a real cluster, where whoever can annotate a RayCluster would be sent its token",
     )
     operator.add_argument("--verbose", action="store_true")
+    from rlhf_trainer.driver import add_arguments as add_train_arguments  # torch loads later
+
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))
     local = command("local", _local, "the local control plane for development and tests")
     local.add_argument("action", choices=["up", "down", "status"])
@@ -248,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # an in-place restart: the job's warm driver runs it, if it can
+        code = warmstart.delegate(argv)
+        if code is not None:
+            return code
+    from rlhfjob.config import InvalidJobError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))

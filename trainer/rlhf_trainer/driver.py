@@ -35,6 +35,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from rlhf_trainer import warmstart
 from rlhf_trainer.context import ENV_METRICS_PORT, RunContext
 from rlhfjob import contract
 from rlhfjob.api import RLHFJob, RLHFJobSpec, ray_resource
@@ -143,6 +144,9 @@ def train(job: RLHFJob, context: RunContext | None = None) -> int:
         if context.metrics_port is not None:
             serve_metrics(trainer.metrics.registry, context.metrics_port)
         trainer.restore()
+        # For the next attempt, if this one fails; started now, once this one's own start-up
+        # (actors, checkpoint) no longer needs the CPU (rlhf_trainer.warmstart).
+        warmstart.start()
         started, first_step = time.perf_counter(), trainer.step
         finished = trainer.run()
         done = f"{trainer.step - first_step} steps in {time.perf_counter() - started:.0f} s"
@@ -218,4 +222,7 @@ def main(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         print(final_status(ExitCode.NON_RETRYABLE, str(error)), flush=True)
         return int(ExitCode.NON_RETRYABLE)
-    return train(job, context)
+    code = train(job, context)
+    if code in warmstart.JOB_ENDED_CODES:
+        warmstart.stop()
+    return code
