@@ -205,7 +205,9 @@ def test_1_2_6_killed_frozen_and_corrupt_restarts_resume_in_place_then_a_drain_l
     started = time.time()
     # Steps enough after the drain for several of Prometheus's scrapes of the last driver (every
     # 5 s): the earlier attempts each train a few seconds only.
-    run = fault_run("inplace", algorithm={"totalSteps": 64})
+    # Generating a step ahead (`maxStaleness: 1`): each restart and the drain strike with a
+    # batch in flight, which the checkpoint carries (issue 27).
+    run = fault_run("inplace", algorithm={"totalSteps": 64, "maxStaleness": 1})
 
     # 1: killed.
     run.wait_past_checkpoint()
