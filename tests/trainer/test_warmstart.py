@@ -10,12 +10,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rlhf_local.harness import wait_for as wait_until
 from rlhf_trainer import warmstart
 from rlhfjob import contract
 from rlhfjob.contract import ExitCode
@@ -26,12 +27,8 @@ CLIENT = (
 )
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    wait_until(condition, timeout, what, interval=0.02)  # these take milliseconds
 
 
 def alive(pid: int) -> bool:
