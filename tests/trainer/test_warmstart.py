@@ -107,9 +107,8 @@ def test_an_attempt_runs_in_a_fork_with_its_own_streams_environment_and_code(
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
 
 
-def test_signals_reach_the_attempt_and_it_dies_with_its_process(
-    job_env: dict[str, str], tmp_path: Path
-) -> None:
+def test_signals_reach_the_attempt_and_it_dies_with_its_process(job_env: dict[str, str]) -> None:
+    tmp_path = Path(job_env["TMPDIR"])
     start_warm_driver(job_env)
     # SIGTERM (a drain, `ray job stop`): forwarded, the attempt stops cleanly.
     pidfile = tmp_path / "first.pid"
@@ -156,3 +155,23 @@ def test_a_dead_warm_drivers_socket_neither_hangs_nor_blocks_the_next(
     assert start_warm_driver(job_env) == path  # started over the dead one's socket
     process = attempt(job_env, "echo", "5")
     assert process.wait(timeout=30) == 5
+
+
+def test_an_attempt_dies_with_its_warm_driver_and_its_entrypoint_fails(
+    job_env: dict[str, str],
+) -> None:
+    tmp_path = Path(job_env["TMPDIR"])
+    path = start_warm_driver(job_env)
+    pidfile = tmp_path / "attempt.pid"
+    process = attempt(job_env, "wait", str(pidfile))
+    wait_for(lambda: pidfile.exists() and bool(pidfile.read_text()), 30, "the attempt")
+    child = int(pidfile.read_text())
+    os.kill(parent_of(child), signal.SIGKILL)  # the warm driver
+    assert process.wait(timeout=30) == 1, "an attempt lost with its warm driver failed"
+    wait_for(lambda: not alive(child), 10, "the attempt gone with the warm driver")
+    assert warmstart.delegate(["train"], job_env) is None and not path.exists()
+
+
+def parent_of(pid: int) -> int:
+    """From /proc (the state's next field is the parent's pid)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -110,27 +110,40 @@ def delegate(argv: list[str], environ: Mapping[str, str] | None = None) -> int |
     try:
         conn.settimeout(CONNECT_TIMEOUT_S)
         conn.connect(str(path))
-        request = {"argv": argv, "env": dict(environ), "cwd": str(Path.cwd())}
-        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
-        reader = conn.makefile("rb")
-        first = reader.readline()
-        if not first.startswith(b"pid "):
-            return None
     except OSError as error:
         conn.close()
         if isinstance(error, ConnectionRefusedError | FileNotFoundError):
             with contextlib.suppress(OSError):
                 path.unlink()  # left by a warm driver that died: the next attempt starts one
         return None
+    # Handed over from here on: never run the attempt here too, whatever happens (a second
+    # driver). Without an answer the attempt failed, and the operator starts the next.
     conn.settimeout(None)
-    child = int(first.split()[1])
+    child: list[int] = []
+    pending: list[int] = []  # signals that came before the child's pid
 
     def forward(signum: int, _frame: Any) -> None:
+        if not child:
+            pending.append(signum)
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signum)
+            os.kill(child[0], signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
+    reader = conn.makefile("rb")
+    try:
+        request = {"argv": argv, "env": dict(environ), "cwd": str(Path.cwd())}
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+        first = reader.readline()
+    except OSError:
+        first = b""
+    if not first.startswith(b"pid "):
+        print("rlhfjob: the job's warm driver did not start the attempt", file=sys.stderr)
+        return 1
+    child.append(int(first.split()[1]))
+    for signum in pending:
+        forward(signum, None)
     last = reader.readline()
     conn.close()
     if last.startswith(b"exit "):
@@ -287,22 +300,24 @@ def _serve(listener: socket.socket, run: Callable[[list[str]], int]) -> None:
                 os.close(fd)
             conn.close()
             continue
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:  # the attempt
             listener.close()
             conn.close()
-            _become_attempt(request, fds, run)
+            _become_attempt(request, fds, run, server)
         for fd in fds:
             os.close(fd)
         threading.Thread(target=_watch, args=(conn, pid, wake), daemon=True).start()
 
 
 def _become_attempt(
-    request: dict[str, Any], fds: list[int], run: Callable[[list[str]], int]
+    request: dict[str, Any], fds: list[int], run: Callable[[list[str]], int], server: int
 ) -> None:
     """In the forked child: take the attempt's streams, environment and directory, run it."""
     code = 1
     try:
+        _die_with(server)
         for target_fd, fd in enumerate(fds):
             os.dup2(fd, target_fd)
             os.close(fd)
@@ -328,6 +343,18 @@ def _become_attempt(
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)  # never back into the warm driver's loop
+
+
+def _die_with(server: int) -> None:
+    """SIGKILL this forked attempt when the warm driver (`server`, its parent) dies: with it
+    goes the one process that would kill the attempt when its entrypoint dies (Linux)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != server:  # it died before the call took effect
+        os._exit(1)
 
 
 def _watch(conn: socket.socket, pid: int, ended: socket.socket) -> None:
