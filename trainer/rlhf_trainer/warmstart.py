@@ -142,8 +142,8 @@ def delegate(argv: list[str], environ: Mapping[str, str] | None = None) -> int |
         print("rlhfjob: the job's warm driver did not start the attempt", file=sys.stderr)
         return 1
     child.append(int(first.split()[1]))
-    for signum in pending:
-        forward(signum, None)
+    for pending_signal in pending:
+        forward(pending_signal, None)
     last = reader.readline()
     conn.close()
     if last.startswith(b"exit "):
