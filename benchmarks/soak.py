@@ -208,19 +208,25 @@ class FaultResult:
     error: str | None = None
 
 
-RESTARTING = ("kill_driver", "node_drain")
-"""Faults after which a new driver attempt trains; the others leave the driver running."""
+RESTARTING = ("kill_driver",)
+"""Faults after which a new driver attempt (a higher attempt number) trains."""
+MOVING = ("node_drain",)
+"""Faults after which the job trains on another cluster from the drain's checkpoint, under the
+same attempt number (a drain is no restart): its driver stopped before the drain returned."""
 OUTAGES = ("api_server_restart", "etcd_restart")
 """Faults of the control plane: training goes on, the operator must catch up afterwards."""
 
 
 def recovered_at(soak: Soak, name: str, attempt: int, since: float, over: float) -> float | None:
     """When the job showed it recovered from fault `name` (struck at `since`, over at `over`),
-    if it has: a new attempt's first step; a step with every rollout engine again after one
-    with fewer; the operator reporting a step logged after the control plane came back."""
+    if it has: a new attempt's first step; after a drain, the first step logged once it was
+    over; a step with every rollout engine again after one with fewer; the operator reporting
+    a step logged after the control plane came back."""
     later = soak.steps_after(since)
     if name in RESTARTING:
         later = [r for r in later if int(r.get("attempt", 0)) > attempt]
+    elif name in MOVING:
+        later = soak.steps_after(over)
     elif name == "delete_rollout_pod":
         engines = [int(r.get("rollout_engines", ROLLOUT_ENGINES)) for r in later]
         degraded = next((i for i, n in enumerate(engines) if n < ROLLOUT_ENGINES), None)

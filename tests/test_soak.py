@@ -53,3 +53,23 @@ def test_the_trainers_growth_is_of_its_longest_lived_processes() -> None:
     assert slope == pytest.approx(12.0)
     assert [s["pid"] for s in segments] == [1, 2]
     assert segments[1]["slope_mb_per_hour"] is None
+
+
+class Logged:
+    """What `recovered_at` reads of a soak: the step log (the live job's, here made up)."""
+
+    def __init__(self, records: list[dict[str, object]]) -> None:
+        self.records = records
+
+    def steps_after(self, when: float) -> list[dict[str, object]]:
+        return [r for r in self.records if float(r["time"]) > when]  # type: ignore[arg-type]
+
+
+def test_a_drained_job_recovers_with_its_first_step_after_the_drain_same_attempt() -> None:
+    # Steps to t=10; the drain strikes at 10.5 and returns at 12 (the driver checkpointed and
+    # stopped); the job trains on from t=30 on another cluster, attempt number unchanged.
+    records = [step(n, n) for n in range(1, 11)] + [step(n, 20 + n) for n in range(11, 14)]
+    assert soak.recovered_at(Logged(records), "node_drain", 0, 10.5, 12.0) == 31.0
+    assert soak.recovered_at(Logged(records[:10]), "node_drain", 0, 10.5, 12.0) is None
+    # A killed driver's recovery is a new attempt's step: the same log shows none.
+    assert soak.recovered_at(Logged(records), "kill_driver", 0, 10.5, 12.0) is None
