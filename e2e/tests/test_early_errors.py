@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,23 +38,95 @@ def jobs(local_cluster: LocalCluster, namespace: str) -> Jobs:
     return Jobs(local_cluster, namespace)
 
 
+REFUSAL = "RayClusters are not allowed in this namespace (a cluster's own policy)"
+
+
+@contextlib.contextmanager
+def rayclusters_refused(lc: LocalCluster, namespace: str) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy of the cluster that refuses every RayCluster created in
+    `namespace` (422 Invalid), in force (a dry run refused) before the block runs.
+
+    Before the RLHFJob schema carried Kubernetes' own schema of volume sources, a
+    `persistentVolumeClaim` without `claimName` reached the API server inside the RayCluster
+    and was refused there; now the RLHFJob itself is refused for it (issue 28), so a refusal the
+    job cannot foresee comes from the cluster's own policy, as it would in a real one."""
+    name = f"refuse-rayclusters-{namespace}"
+    manifests = [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["ray.io"],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE"],
+                            "resources": ["rayclusters"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": "false", "message": REFUSAL, "reason": "Invalid"}],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        },
+    ]
+    for manifest in manifests:
+        lc.apply(manifest)
+    probe = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+            {"name": "ray-head", "image": "probe"}]}}}},
+    }  # fmt: skip
+
+    def refused() -> bool:
+        try:
+            lc.custom.create_namespaced_custom_object(
+                "ray.io", "v1", namespace, "rayclusters", probe, dry_run="All"
+            )
+        except ApiException as error:
+            return error.status == 422 and REFUSAL in str(error.body)
+        return False
+
+    try:
+        wait_for(refused, 30, "the policy refusing RayClusters")
+        yield
+    finally:
+        for manifest in reversed(manifests):
+            kind = manifest["kind"].lower()
+            lc.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false")
+
+
 def test_a_raycluster_the_api_server_refuses_fails_the_job_quoting_the_cause(
-    jobs: Jobs, operator: OperatorProcess
+    jobs: Jobs, operator: OperatorProcess, local_cluster: LocalCluster
 ) -> None:
-    # The RLHFJob schema takes any one volume source and the builder copies it verbatim; the
-    # RayCluster CRD's pod template requires persistentVolumeClaim.claimName (422 Invalid).
-    manifest = job_manifest(
-        "rejected",
-        jobs.namespace,
-        FINISH_AT_ONCE,
-        checkpoint={"volume": {"persistentVolumeClaim": {}}},
-        provisioningTimeoutSeconds=3600,  # the cause must show, not the deadline
-    )
-    jobs.create(manifest)
-    job = jobs.wait_phase("rejected", "Failed", SHOWN_WITHIN_S, operator)
+    with rayclusters_refused(local_cluster, jobs.namespace):
+        manifest = job_manifest(
+            "rejected",
+            jobs.namespace,
+            FINISH_AT_ONCE,
+            provisioningTimeoutSeconds=3600,  # the cause must show, not the deadline
+        )
+        jobs.create(manifest)
+        job = jobs.wait_phase("rejected", "Failed", SHOWN_WITHIN_S, operator)
     message = job["status"]["message"]
     assert "the API server refused the RayCluster rejected (422 Invalid)" in message, message
-    assert "persistentVolumeClaim.claimName: Required value" in message, message
+    assert REFUSAL in message, message
     failed = jobs.condition("rejected", "Failed")
     assert failed is not None and failed["reason"] == "ClusterRejected"
     assert jobs.event_reasons("rejected").count("ClusterRejected") == 1
