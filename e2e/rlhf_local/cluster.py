@@ -53,7 +53,14 @@ import yaml
 
 from rlhf_local import objectstore, pki, pools, procs
 from rlhf_local.build import Binaries, ensure_binaries
-from rlhf_local.paths import REPO_ROOT, kubeconfig_path, load_ports, local_dir, state_file
+from rlhf_local.paths import (
+    REPO_ROOT,
+    kubeconfig_path,
+    load_ports,
+    local_dir,
+    port_is_free,
+    state_file,
+)
 
 #: Start order; `down` stops in reverse.
 COMPONENTS = (
@@ -67,19 +74,21 @@ COMPONENTS = (
     "standin-ray",
     objectstore.COMPONENT,
 )
-PORT_NAMES = (
-    "etcd",
-    "etcd-peer",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kwok",
-    "kuberay-metrics",
-    "kuberay-probe",
-    "kueue-webhook",
-    "kueue-probe",
-    *objectstore.PORT_NAMES,
-)
+#: The loopback ports each component listens on, by their names in ``cluster.json``.
+COMPONENT_PORTS: dict[str, tuple[str, ...]] = {
+    "etcd": ("etcd", "etcd-peer"),
+    "kube-apiserver": ("kube-apiserver",),
+    "kube-controller-manager": ("kube-controller-manager",),
+    "kube-scheduler": ("kube-scheduler",),
+    "kwok": ("kwok",),
+    "kuberay-operator": ("kuberay-metrics", "kuberay-probe"),
+    "kueue": ("kueue-webhook", "kueue-probe"),
+    "standin-ray": (),  # its heads' ports are chosen per head
+    objectstore.COMPONENT: objectstore.PORT_NAMES,
+}
+PORT_NAMES = tuple(port for name in COMPONENTS for port in COMPONENT_PORTS[name])
+#: How long a stopped component's port may stay taken (its last connections closing).
+PORT_RELEASE_TIMEOUT = 10.0
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 FIELD_MANAGER = "rlhf-local"
@@ -558,6 +567,7 @@ def _start_missing(
         if name == "standin-ray":
             (lay.standin / "ready").unlink(missing_ok=True)
         _echo(echo, f"starting {name}")
+        _check_ports_free(name, lay, ports)
         if name == objectstore.COMPONENT:  # its config and credentials files, its environment
             objectstore.launch(bins.weed, lay.root, ports)
             continue
@@ -569,6 +579,21 @@ def _start_missing(
             env=_env(),
             cwd=lay.root,
         )
+
+
+def _check_ports_free(name: str, lay: Layout, ports: dict[str, int]) -> None:
+    """Refuse to start `name` while another process listens on one of its ports (another local
+    cluster, most likely): a server started anyway would fail, or, as SeaweedFS does, move to
+    another port than the one every client of this cluster uses."""
+    deadline = time.monotonic() + PORT_RELEASE_TIMEOUT
+    while taken := [p for p in COMPONENT_PORTS[name] if not port_is_free(ports[p])]:
+        if time.monotonic() > deadline:
+            listed = ", ".join(f"{p} {ports[p]}" for p in taken)
+            raise RuntimeError(
+                f"{name} cannot start: another process listens on its port ({listed}). Stop "
+                f"it, or stop this cluster and remove {state_file(lay.root)} to choose new ports."
+            )
+        time.sleep(0.2)
 
 
 def _wait_healthy(

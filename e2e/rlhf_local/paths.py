@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import socket
 import sys
 from collections.abc import Iterable
@@ -46,18 +47,48 @@ def state_file(root: Path) -> Path:
     return root / "cluster.json"
 
 
+#: Where listening ports are drawn from when the kernel's ephemeral range cannot be read.
+EPHEMERAL_DEFAULT = (32768, 60999)
+#: The lowest port `_free_ports` draws: above the registered services most machines run.
+LISTEN_FLOOR = 10000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return EPHEMERAL_DEFAULT
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:`port` now (as Go's servers bind, with
+    SO_REUSEADDR: a closed server's connections in TIME_WAIT do not count)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all sockets held open until every port is chosen)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """Distinct free loopback ports outside the kernel's ephemeral range.
+
+    The ports are kept for the life of a state dir, so one the kernel may hand to an outgoing
+    connection would sooner or later be taken while its server is down, and SeaweedFS, for one,
+    then listens on the next port up instead of failing. Ports below the ephemeral range are
+    only ever taken by another server."""
+    low, high = ephemeral_range()
+    pool = range(LISTEN_FLOOR, low) if low - LISTEN_FLOOR >= 1000 else range(high + 1, 65536)
+    chosen: list[int] = []
+    for port in random.SystemRandom().sample(pool, len(pool)):
+        if port_is_free(port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise RuntimeError(f"fewer than {count} free ports in {pool.start}-{pool.stop - 1}")
 
 
 def read_ports(root: Path) -> dict[str, int]:
