@@ -49,8 +49,9 @@ def state_file(root: Path) -> Path:
 
 #: Where listening ports are drawn from when the kernel's ephemeral range cannot be read.
 EPHEMERAL_DEFAULT = (32768, 60999)
-#: The lowest port `_free_ports` draws: above the registered services most machines run.
-LISTEN_FLOOR = 10000
+#: The lowest port `_free_ports` draws: above the services most machines run and Ray's default
+#: range for its workers' ports (10002-19999), which a local Ray beside the cluster draws from.
+LISTEN_FLOOR = 20000
 
 
 def ephemeral_range() -> tuple[int, int]:
