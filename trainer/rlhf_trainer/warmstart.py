@@ -106,12 +106,9 @@ def delegate(argv: list[str], environ: Mapping[str, str] | None = None) -> int |
     path = socket_path(environ)
     if not path.exists():
         return None
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.settimeout(CONNECT_TIMEOUT_S)
-        conn.connect(str(path))
+        conn = _connect(path)
     except OSError as error:
-        conn.close()
         if isinstance(error, ConnectionRefusedError | FileNotFoundError):
             with contextlib.suppress(OSError):
                 path.unlink()  # left by a warm driver that died: the next attempt starts one
@@ -186,17 +183,26 @@ def stop(environ: Mapping[str, str] | None = None) -> None:
     environ = os.environ if environ is None else environ
     if not enabled(environ):
         return
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(CONNECT_TIMEOUT_S)
-        conn.connect(str(socket_path(environ)))
+    with contextlib.suppress(OSError), _connect(socket_path(environ)) as conn:
         conn.sendall(json.dumps({"quit": True}).encode() + b"\n")
+
+
+def _connect(path: Path) -> socket.socket:
+    """A connection to the warm driver listening on `path` (OSError when none answers within
+    CONNECT_TIMEOUT_S)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(CONNECT_TIMEOUT_S)
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        raise
+    return conn
 
 
 def _answers(path: Path) -> bool:
     """Whether a warm driver listens on `path`."""
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(CONNECT_TIMEOUT_S)
-        probe.connect(str(path))
+    with contextlib.suppress(OSError), _connect(path):
         return True
     return False
 
