@@ -55,6 +55,12 @@ INVALID_CASES: list[InvalidCase] = [
         "kernels liger: Liger Kernel has no kernels for this randomInit",
     ),
     InvalidCase(
+        "fused-logprobs-model-type-it-lacks",
+        _spec(model={**RANDOM_INIT, "fusedLogprobs": True, "randomInit": {"model_type": "gemma2"}}),
+        "spec.model.fusedLogprobs",
+        "fusedLogprobs: this randomInit.model_type does more than a plain projection",
+    ),
+    InvalidCase(
         "model-both",
         _spec(model={"randomInit": {"model_type": "qwen2"}}),
         "spec.model.policy",

@@ -267,9 +267,12 @@ def update_one(args: argparse.Namespace) -> None:
         colocated=False,
         kl_coef=0.0,
     )
-    # A "-liger" variant: the same with `model.kernels: liger` (the trainer's builder patches it).
-    variant = args.variant.removesuffix("-liger")
-    document["spec"]["model"]["kernels"] = "liger" if variant != args.variant else "eager"
+    # A "-liger" variant: the same with `model.kernels: liger` (the trainer's builder patches it);
+    # a "-fusedlp" one (after it) with `model.fusedLogprobs` (log-probs from the hidden states).
+    name = args.variant.removesuffix("-fusedlp")
+    document["spec"]["model"]["fusedLogprobs"] = name != args.variant
+    variant = name.removesuffix("-liger")
+    document["spec"]["model"]["kernels"] = "liger" if variant != name else "eager"
     spec = RLHFJob.model_validate(document).spec
     config = model_config(args.shape)
     batch = synthetic_batch(rows, args.prompt_len, args.seq_len, config["vocab_size"])

@@ -119,6 +119,7 @@ from rlhfjob.api.status import (
     RLHFJobStatus,
 )
 from rlhfjob.api.training import (
+    FUSED_LOGPROBS_MODEL_TYPES,
     LIGER_MODEL_TYPES,
     POD_PLACES,
     SYNTHETIC_TASKS,
@@ -154,6 +155,7 @@ __all__ = [
     "ENV_ROLE",
     "ENV_TRAINER_METRICS_PORT",
     "ENV_TRAINER_REPLICAS",
+    "FUSED_LOGPROBS_MODEL_TYPES",
     "GPU_RESOURCE",
     "GROUP",
     "HTTP_URL_PATTERN",

@@ -32,6 +32,13 @@ LIGER_MODEL_TYPES = (
 rotary embeddings and the gated MLP), for `model.kernels: liger`; a unit test holds it to the
 library's own table."""
 
+FUSED_LOGPROBS_MODEL_TYPES = (
+    "llama", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+)  # fmt: skip
+"""Hugging Face model types whose causal LM returns its output head's projection unchanged (no
+bias, soft-capping or scaling after it), for `model.fusedLogprobs`, which replaces that
+projection."""
+
 
 class ModelSpec(ApiModel):
     """Which weights each role starts from."""
@@ -63,6 +70,13 @@ class ModelSpec(ApiModel):
     """Recompute each decoder layer's activations in the backward pass instead of keeping them
     (the policy and the critic): about a third more update compute for the activation memory
     of one layer, which is what lets a large model's update fit beside its optimizer."""
+    fused_logprobs: bool = False
+    """Score tokens straight from the last hidden states: the output head's matmul fused with
+    the log-softmax and entropy, a chunk of tokens at a time and recomputed in the backward
+    pass, so a micro-batch's logits (tokens x vocabulary) and their gradient never exist
+    whole. The same log-probs and entropies; gradients equal within bf16 rounding. For a model
+    whose output head is a plain bias-free projection (the trainer refuses another at its
+    first step, naming this field); the policy's and the reference's log-probs use it."""
     optimizer_offload: Literal["none", "cpu"] = "none"
     """Where the trainer's optimizer lives. `cpu`: the fp32 master weights, AdamW's moments and
     the fp32 gradients in host memory, updated there by DeepSpeed's CPU Adam (ZeRO-Offload),
@@ -82,6 +96,14 @@ class ModelSpec(ApiModel):
             "kernels liger: Liger Kernel has no kernels for this randomInit.model_type "
             f"(it has {', '.join(LIGER_MODEL_TYPES)})",
             ".kernels",
+        ),
+        CelRule(
+            "!has(self.fusedLogprobs) || !self.fusedLogprobs || !has(self.randomInit)"
+            f" || self.randomInit.model_type in {list(FUSED_LOGPROBS_MODEL_TYPES)}",
+            "fusedLogprobs: this randomInit.model_type does more than a plain projection after "
+            "its last hidden state (fused log-probs serve "
+            f"{', '.join(FUSED_LOGPROBS_MODEL_TYPES)})",
+            ".fusedLogprobs",
         ),
     )
 

@@ -219,6 +219,71 @@ def test_fused_next_token_logprobs_and_entropy_names_bad_shapes() -> None:
         alg.next_token_logprobs_and_entropy(torch.zeros(4, 9), torch.zeros(4, dtype=torch.long))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_elements", [1 << 28, 33, 1])  # one chunk; 3 tokens; 1 token
+def test_the_head_fused_form_equals_the_model_heads_logits_scored_and_their_gradients(
+    temperature: float, chunk_elements: int
+) -> None:
+    generator = torch.Generator().manual_seed(5)
+    hidden = torch.randn(3, 6, 8, dtype=torch.float64, generator=generator, requires_grad=True)
+    head = torch.randn(11, 8, dtype=torch.float64, generator=generator, requires_grad=True)
+    ids = torch.randint(0, 11, (3, 6), generator=generator)
+    weights = torch.randn(2, 3, 5, dtype=torch.float64, generator=generator)
+
+    def objective(logprobs: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        return (logprobs * weights[0]).sum() + (entropy * weights[1]).sum()
+
+    fused = alg.linear_next_token_logprobs_and_entropy(
+        hidden, head, ids, temperature, chunk_elements
+    )
+    fused_grads = torch.autograd.grad(objective(*fused), (hidden, head))
+    unfused = alg.next_token_logprobs_and_entropy(hidden @ head.t(), ids, temperature)
+    unfused_grads = torch.autograd.grad(objective(*unfused), (hidden, head))
+    for mine, theirs in zip((*fused, *fused_grads), (*unfused, *unfused_grads), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-12)
+    assert torch.all(fused_grads[0][:, -1] == 0)  # the last position scores nothing
+
+
+def test_the_head_fused_form_passes_gradcheck() -> None:
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, 4, 3, dtype=torch.float64, generator=generator, requires_grad=True)
+    head = torch.randn(5, 3, dtype=torch.float64, generator=generator, requires_grad=True)
+    ids = torch.randint(0, 5, (2, 4), generator=generator)
+    assert torch.autograd.gradcheck(
+        lambda h, w: alg.linear_next_token_logprobs_and_entropy(h, w, ids, 0.8, 10), (hidden, head)
+    )
+
+
+def test_the_head_fused_form_in_bfloat16_is_the_bfloat16_heads_within_rounding() -> None:
+    # A GPU model's dtype: each chunk's logits come from a bf16 matmul, as the model's own head
+    # gives them, then float32 math; the gradients are bf16 like the parameters'.
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(2, 7, 16, generator=generator).to(torch.bfloat16).requires_grad_(True)
+    head = torch.randn(50, 16, generator=generator).to(torch.bfloat16).requires_grad_(True)
+    ids = torch.randint(0, 50, (2, 7), generator=generator)
+    fused = alg.linear_next_token_logprobs_and_entropy(hidden, head, ids, chunk_elements=100)
+    unfused = alg.next_token_logprobs_and_entropy(hidden @ head.t(), ids)
+    assert fused[0].dtype == torch.float32
+    for mine, theirs in zip(fused, unfused, strict=True):
+        torch.testing.assert_close(mine, theirs)  # the same bf16 logits: equal values
+    fused_grads = torch.autograd.grad(fused[0].sum() + fused[1].sum(), (hidden, head))
+    unfused_grads = torch.autograd.grad(unfused[0].sum() + unfused[1].sum(), (hidden, head))
+    for mine, theirs in zip(fused_grads, unfused_grads, strict=True):
+        assert mine.dtype == torch.bfloat16
+        torch.testing.assert_close(mine.float(), theirs.float(), rtol=0.02, atol=0.02)
+
+
+def test_the_head_fused_form_names_bad_shapes() -> None:
+    with pytest.raises(ValueError, match=r"hidden must be \[B, L, H\]"):
+        alg.linear_next_token_logprobs_and_entropy(
+            torch.zeros(4, 9), torch.zeros(5, 9), torch.zeros(4, dtype=torch.long)
+        )
+    with pytest.raises(ValueError, match=r"head must be \[V, 9\]"):
+        alg.linear_next_token_logprobs_and_entropy(
+            torch.zeros(1, 4, 9), torch.zeros(5, 8), torch.zeros(1, 4, dtype=torch.long)
+        )
+
+
 # -------------------------------------------------------------------------------------- KL
 
 

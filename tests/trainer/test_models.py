@@ -83,6 +83,48 @@ def test_activation_checkpointing_recomputes_each_layer_and_keeps_the_gradients(
     assert critic.backbone.is_gradient_checkpointing
 
 
+def test_fused_logprobs_score_the_models_own_logits_and_hand_back_its_head() -> None:
+    """`model.fusedLogprobs` through the whole model (tied embeddings, padding): the same
+    log-probs, entropies and gradients as its logits scored; the head is the class's again."""
+    from rlhf_trainer.actors import next_token_scores
+    from rlhf_trainer.batch import build_batch
+
+    spec = load_job(EXAMPLE).spec
+    model = build_causal_lm(spec.model, 3).double()
+    batch = build_batch([[1, 2, 3], [4, 5]], [[6, 7], [8, 9, 10, 11]])
+    rows, length = batch.input_ids.shape
+    weights = torch.randn(2, rows, length - 1, generator=torch.Generator().manual_seed(0))
+
+    def scores_and_gradients(fused: bool) -> list[torch.Tensor]:
+        model.zero_grad()
+        logprobs, entropy = next_token_scores(model, batch, 0.9, fused)
+        loss = (logprobs * weights[0]).sum() + (entropy * weights[1]).sum()
+        loss.backward()
+        return [logprobs, entropy] + [p.grad.clone() for p in model.parameters()]
+
+    plain, fused = scores_and_gradients(False), scores_and_gradients(True)
+    for mine, theirs in zip(fused, plain, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-9, atol=1e-12)
+    assert "forward" not in vars(model.get_output_embeddings())  # the swap is undone
+
+
+def test_fused_logprobs_refuse_a_head_with_a_bias_and_a_model_type_that_reshapes_logits() -> None:
+    from rlhf_trainer.actors import next_token_scores
+    from rlhf_trainer.batch import build_batch
+    from rlhf_trainer.models import KernelsError, check_fused_logprobs
+
+    check_fused_logprobs(True, "qwen2")
+    check_fused_logprobs(False, "gemma2")
+    with pytest.raises(KernelsError, match=r"spec.model.fusedLogprobs: a 'gemma2' model"):
+        check_fused_logprobs(True, "gemma2")
+    spec = load_job(EXAMPLE).spec
+    model = build_causal_lm(spec.model, 3)
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features))
+    with pytest.raises(KernelsError, match="bias-free linear head"):
+        next_token_scores(model, build_batch([[1, 2]], [[3]]), 1.0, True)
+
+
 def _partitioned_loading_process(directory: str, results: Any) -> None:
     """A one-rank gloo group: load `directory` under ZeRO-3 and under ZeRO-2, report what came."""
     import deepspeed

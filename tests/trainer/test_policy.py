@@ -119,6 +119,22 @@ def test_gathered_parameters_equal_the_full_model(group, spec):
 
 
 def test_logprobs_match_a_plain_forward_and_an_update_matches_plain_adamw(group, spec):
+    logprobs_and_update_match_plain(group, spec)
+
+
+def test_fused_logprobs_give_the_same_logprobs_and_update_under_zero3(local_ray, spec):
+    """`model.fusedLogprobs`: the head's weight gathered by ZeRO-3 for the swapped forward and
+    again for its backward pass, and the same numbers as the plain model's logits."""
+    model = spec.model.model_copy(update={"fused_logprobs": True})
+    fused_spec = spec.model_copy(update={"model": model})
+    workers = WorkerGroup(PolicyWorker, fused_spec, "trainer", spec.roles.trainer, 10)
+    try:
+        logprobs_and_update_match_plain(workers.wait_ready(), fused_spec)
+    finally:
+        workers.shutdown()
+
+
+def logprobs_and_update_match_plain(group: WorkerGroup, spec: RLHFJobSpec) -> None:
     batch = sample_batch(spec)
     full = build_causal_lm(spec.model, spec.algorithm.seed)
     algorithm = spec.algorithm

@@ -43,6 +43,7 @@ from rlhf_trainer.models import (
     build_causal_lm,
     build_critic,
     build_reference,
+    scoring_head,
     training_dtype,
     with_activation_checkpointing,
 )
@@ -300,15 +301,29 @@ class ZeroWorker:
             reshard.seed_every_rng(reshard.resized_rank_seed(self.seed, step, self.rank))
 
 
-def _sequence_logprobs(
-    engine: Any, batch: Batch, micro_batch_size: int, temperature: float
-) -> Tensor:
+def next_token_scores(
+    engine: Any, micro: Batch, temperature: float, fused: bool
+) -> tuple[Tensor, Tensor]:
+    """(log-prob of each next token, entropy at each position) of a causal LM (a DeepSpeed
+    engine or the bare network) on `micro`, both ``[rows, L - 1]``: from its logits, or with
+    `fused` (`spec.model.fusedLogprobs`) straight from its last hidden states."""
+    inputs = {"input_ids": micro.input_ids, "attention_mask": micro.attention_mask}
+    if not fused:
+        logits = engine(**inputs).logits
+        return alg.next_token_logprobs_and_entropy(logits, micro.input_ids, temperature)
+    with scoring_head(getattr(engine, "module", engine), micro.input_ids, temperature):
+        scores = engine(**inputs).logits
+    return scores[0], scores[1]
+
+
+def _sequence_logprobs(engine: Any, batch: Batch, spec: RLHFJobSpec) -> Tensor:
     """Log-probs of every next token of every row, ``[rows, L - 1]``, without gradients."""
-    parts = []
+    algorithm, parts = spec.algorithm, []
     with torch.no_grad():
-        for micro in batch.micro_batches(micro_batch_size):
-            logits = engine(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
-            logprobs, _ = alg.next_token_logprobs_and_entropy(logits, micro.input_ids, temperature)
+        for micro in batch.micro_batches(algorithm.micro_batch_size):
+            logprobs, _ = next_token_scores(
+                engine, micro, algorithm.temperature, spec.model.fused_logprobs
+            )
             parts.append(logprobs.float())
     return torch.cat(parts).cpu()
 
@@ -379,23 +394,13 @@ class PolicyWorker(ZeroWorker):
         """Current-policy log-probs of this rank's shard (for the old log-probs of a rollout)."""
         self._for_training()
         self.engine.eval()
-        return _sequence_logprobs(
-            self.engine,
-            self._shard(batch),
-            self.spec.algorithm.micro_batch_size,
-            self.spec.algorithm.temperature,
-        )
+        return _sequence_logprobs(self.engine, self._shard(batch), self.spec)
 
     def reference_logprobs(self, batch: Batch) -> Tensor:
         if self.reference is None:
             raise RuntimeError("this job has no reference model on the trainer (klCoef is 0)")
         self._for_training()
-        return _sequence_logprobs(
-            self.reference,
-            self._shard(batch),
-            self.spec.algorithm.micro_batch_size,
-            self.spec.algorithm.temperature,
-        )
+        return _sequence_logprobs(self.reference, self._shard(batch), self.spec)
 
     def train(self, batch: Batch) -> dict[str, float]:
         """`updateEpochs` optimizer steps on the batch; returns group-wide mean metrics.
@@ -417,13 +422,9 @@ class PolicyWorker(ZeroWorker):
         for _epoch in range(algorithm.update_epochs):
             for micro in shard.micro_batches(algorithm.micro_batch_size):
                 tokens = float(micro.action_mask.sum())
-                logits = self.engine(
-                    input_ids=micro.input_ids, attention_mask=micro.attention_mask
-                ).logits
-                logprobs, entropies = alg.next_token_logprobs_and_entropy(
-                    logits, micro.input_ids, algorithm.temperature
+                logprobs, entropies = next_token_scores(
+                    self.engine, micro, algorithm.temperature, self.spec.model.fused_logprobs
                 )
-                del logits  # the fused loss keeps what its backward pass needs
                 micro_loss = objective(logprobs, entropies, micro.fields, micro.action_mask)
                 self.engine.backward(micro_loss.loss * micro_loss.units * scale)
                 self.engine.step()
@@ -524,12 +525,7 @@ class ReferenceWorker(ZeroWorker):
         )
 
     def reference_logprobs(self, batch: Batch) -> Tensor:
-        return _sequence_logprobs(
-            self.reference,
-            self._shard(batch),
-            self.spec.algorithm.micro_batch_size,
-            self.spec.algorithm.temperature,
-        )
+        return _sequence_logprobs(self.reference, self._shard(batch), self.spec)
 
     def load(self, directory: str, step: int) -> None:
         """Nothing to load: the reference is rebuilt from the spec, on any number of ranks."""

@@ -176,12 +176,54 @@ def _log_softmax_(scaled: Tensor, lse: Tensor) -> Tensor:
     return scaled.sub_(lse.unsqueeze(-1)).clamp_(min=torch.finfo(scaled.dtype).min)
 
 
-class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
-    """Forward and backward of `next_token_logprobs_and_entropy`, chunk by chunk.
+def _forward_chunk(scaled: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(log p of `targets`, entropy, logsumexp) of the scaled logits ``scaled`` ``[..., V]``
+    (float32, consumed in place)."""
+    lse = torch.logsumexp(scaled, dim=-1)
+    log_p = _log_softmax_(scaled, lse)
+    chosen = log_p.gather(-1, targets).squeeze(-1)
+    # sum_v p log p as a batched dot product: no third vocabulary-sized tensor.
+    entropy = -torch.einsum("...v,...v->...", log_p.exp(), log_p)
+    return chosen, entropy, lse
+
+
+def _backward_chunk(
+    scaled: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_chosen: Tensor | None,
+    grad_entropy: Tensor | None,
+    temperature: float,
+) -> Tensor:
+    """The gradient with respect to the unscaled logits of one chunk, built in place in
+    ``scaled`` (float32 ``[..., V]``); the other tensors are the chunk's rows.
 
     With ``p = softmax(x)``, ``x = logits / T`` and entropy ``H = -sum p log p``:
     ``d log p_y / dx = onehot(y) - p`` and ``dH / dx = -p (log p + H)``.
     """
+    log_p = _log_softmax_(scaled, lse)
+    p = log_p.exp()
+    # d/dx = -(g_H p (log p + H) + g_y p) + onehot(y) g_y, built in place in log_p.
+    # p multiplies before g_H does: log p of an impossible token is clamped to the dtype's
+    # minimum, and scaled by |g_H| > 1 first it would overflow to inf, and 0 * inf is NaN;
+    # p (log p + H) is exactly 0 there.
+    if grad_entropy is not None:
+        g_h = grad_entropy.to(log_p.dtype).unsqueeze(-1)
+        dx = log_p.add_(entropy.unsqueeze(-1)).mul_(p).mul_(g_h)
+    else:
+        dx = log_p.zero_()
+    if grad_chosen is not None:
+        g_y = grad_chosen.to(log_p.dtype).unsqueeze(-1)
+        dx.addcmul_(p, g_y)
+    dx.neg_()
+    if grad_chosen is not None:
+        dx.scatter_add_(-1, targets, g_y)
+    return dx.div_(temperature) if temperature != 1.0 else dx
+
+
+class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
+    """Forward and backward of `next_token_logprobs_and_entropy`, chunk by chunk of rows."""
 
     @staticmethod
     def forward(
@@ -198,12 +240,9 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         entropy = torch.empty_like(chosen)
         lse = torch.empty_like(chosen)
         for rows in _chunks(scores, chunk_elements):
-            scaled = _scaled(scores[rows], temperature)
-            lse[rows] = torch.logsumexp(scaled, dim=-1)
-            log_p = _log_softmax_(scaled, lse[rows])
-            chosen[rows] = log_p.gather(-1, targets[rows]).squeeze(-1)
-            # sum_v p log p as a batched dot product: no third vocabulary-sized tensor.
-            entropy[rows] = -torch.einsum("blv,blv->bl", log_p.exp(), log_p)
+            chosen[rows], entropy[rows], lse[rows] = _forward_chunk(
+                _scaled(scores[rows], temperature), targets[rows]
+            )
         ctx.save_for_backward(logits, input_ids, lse, entropy)
         ctx.temperature, ctx.chunk_elements = temperature, chunk_elements  # type: ignore[attr-defined]
         ctx.set_materialize_grads(False)
@@ -222,27 +261,111 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
             return grad, None, None, None
         scores, targets = logits[:, :-1], input_ids[:, 1:].long().unsqueeze(-1)
         for rows in _chunks(scores, ctx.chunk_elements):  # type: ignore[attr-defined]
-            log_p = _log_softmax_(_scaled(scores[rows], temperature), lse[rows])
-            p = log_p.exp()
-            # d/dx = -(g_H p (log p + H) + g_y p) + onehot(y) g_y, built in place in log_p.
-            # p multiplies before g_H does: log p of an impossible token is clamped to the
-            # dtype's minimum, and scaled by |g_H| > 1 first it would overflow to inf, and
-            # 0 * inf is NaN; p (log p + H) is exactly 0 there.
-            if grad_entropy is not None:
-                g_h = grad_entropy[rows].to(log_p.dtype).unsqueeze(-1)
-                dx = log_p.add_(entropy[rows].unsqueeze(-1)).mul_(p).mul_(g_h)
-            else:
-                dx = log_p.zero_()
-            if grad_chosen is not None:
-                g_y = grad_chosen[rows].to(log_p.dtype).unsqueeze(-1)
-                dx.addcmul_(p, g_y)
-            dx.neg_()
-            if grad_chosen is not None:
-                dx.scatter_add_(-1, targets[rows], g_y)
-            if temperature != 1.0:
-                dx.div_(temperature)
-            grad[rows, :-1] = dx
+            grad[rows, :-1] = _backward_chunk(
+                _scaled(scores[rows], temperature), targets[rows], lse[rows], entropy[rows],
+                None if grad_chosen is None else grad_chosen[rows],
+                None if grad_entropy is None else grad_entropy[rows],
+                temperature,
+            )  # fmt: skip
         return grad, None, None, None
+
+
+def linear_next_token_logprobs_and_entropy(
+    hidden: Tensor,
+    head: Tensor,
+    input_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """`next_token_logprobs_and_entropy` of the logits ``hidden @ head.T``, never computed
+    for more than `chunk_elements` at a time, in the forward or the backward pass.
+
+    ``hidden`` is the ``[B, L, H]`` last hidden state of a causal LM and ``head`` its
+    bias-free ``[V, H]`` output projection. Unlike the unfused form, neither the ``[B, L, V]``
+    logits nor their gradient ever exist whole: each chunk's logits are recomputed in the
+    backward pass, and their gradient goes straight into the hidden state's and the head's.
+    """
+    if hidden.dim() != 3 or input_ids.shape != hidden.shape[:2]:
+        raise ValueError(
+            f"hidden must be [B, L, H] and input_ids [B, L]; got {tuple(hidden.shape)} "
+            f"and {tuple(input_ids.shape)}"
+        )
+    if head.dim() != 2 or head.shape[1] != hidden.shape[2]:
+        raise ValueError(f"head must be [V, {hidden.shape[2]}]; got {tuple(head.shape)}")
+    result = _LinearNextTokenLogprobsAndEntropy.apply(
+        hidden, head, input_ids, float(temperature), int(chunk_elements)
+    )
+    return result[0], result[1]
+
+
+def _token_chunks(tokens: int, vocab: int, chunk_elements: int) -> list[slice]:
+    """Token ranges whose logits ``[n, vocab]`` hold at most `chunk_elements` (at least one)."""
+    rows = max(1, chunk_elements // max(1, vocab))
+    return [slice(start, start + rows) for start in range(0, tokens, rows)]
+
+
+class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
+    """Forward and backward of `linear_next_token_logprobs_and_entropy`, chunk by chunk of
+    tokens: the logits of a chunk are ``h @ W.T`` in the head's dtype (as the model's own
+    head computes them), then the same float32 math as the unfused form."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: Tensor,
+        head: Tensor,
+        input_ids: Tensor,
+        temperature: float,
+        chunk_elements: int,
+    ) -> tuple[Tensor, Tensor]:
+        batch, length, width = hidden.shape
+        states = hidden[:, :-1].reshape(-1, width)
+        targets = input_ids[:, 1:].reshape(-1, 1).long()
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        chosen = torch.empty(states.shape[0], dtype=dtype, device=hidden.device)
+        entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
+        for rows in _token_chunks(states.shape[0], head.shape[0], chunk_elements):
+            logits = states[rows] @ head.to(states.dtype).t()
+            chosen[rows], entropy[rows], lse[rows] = _forward_chunk(
+                _scaled(logits, temperature), targets[rows]
+            )
+        ctx.save_for_backward(hidden, head, input_ids, lse, entropy)
+        ctx.temperature, ctx.chunk_elements = temperature, chunk_elements  # type: ignore[attr-defined]
+        ctx.set_materialize_grads(False)
+        shape = (batch, length - 1)
+        return chosen.view(shape), entropy.view(shape)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_chosen: Tensor | None,
+        grad_entropy: Tensor | None,
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        hidden, head, input_ids, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
+        temperature: float = ctx.temperature  # type: ignore[attr-defined]
+        grad_hidden = torch.zeros_like(hidden)  # the last position scores nothing
+        if grad_chosen is None and grad_entropy is None:
+            return grad_hidden, torch.zeros_like(head), None, None, None
+        width = hidden.shape[2]
+        states = hidden[:, :-1].reshape(-1, width)
+        targets = input_ids[:, 1:].reshape(-1, 1).long()
+        g_chosen = None if grad_chosen is None else grad_chosen.reshape(-1)
+        g_entropy = None if grad_entropy is None else grad_entropy.reshape(-1)
+        weight = head.to(states.dtype)
+        grad_states = torch.empty_like(states)
+        # Accumulated over the chunks in at least float32, as one matmul would.
+        accumulate = torch.promote_types(head.dtype, torch.float32)
+        grad_head = torch.zeros(head.shape, dtype=accumulate, device=head.device)
+        for rows in _token_chunks(states.shape[0], head.shape[0], ctx.chunk_elements):  # type: ignore[attr-defined]
+            dx = _backward_chunk(
+                _scaled(states[rows] @ weight.t(), temperature), targets[rows], lse[rows],
+                entropy[rows], None if g_chosen is None else g_chosen[rows],
+                None if g_entropy is None else g_entropy[rows], temperature,
+            ).to(states.dtype)  # fmt: skip
+            grad_states[rows] = dx @ weight
+            grad_head += (dx.t() @ states[rows]).to(accumulate)
+        grad_hidden[:, :-1] = grad_states.view(hidden.shape[0], -1, width)
+        return grad_hidden, grad_head.to(head.dtype), None, None, None
 
 
 # --------------------------------------------------------------------------------------------

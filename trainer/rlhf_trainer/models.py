@@ -16,13 +16,15 @@ many ranks share the model; they are for tests and benchmarks, where models are 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from rlhf_trainer import algorithms as alg
 from rlhf_trainer.zero import partitioned_loading
-from rlhfjob.api import CONTEXT_WINDOW_KEYS, ModelSpec
+from rlhfjob.api import CONTEXT_WINDOW_KEYS, FUSED_LOGPROBS_MODEL_TYPES, ModelSpec
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -139,6 +141,47 @@ def check_kernels(kernels: str, model_type: str) -> None:
         raise KernelsError(
             f"spec.model.kernels: Liger Kernel has no kernels for model type {model_type!r}"
         )
+
+
+def check_fused_logprobs(enabled: bool, model_type: str) -> None:
+    """KernelsError unless `spec.model.fusedLogprobs` can serve a model of `model_type` (one
+    whose causal LM returns its output projection unchanged)."""
+    if enabled and model_type not in FUSED_LOGPROBS_MODEL_TYPES:
+        raise KernelsError(
+            f"spec.model.fusedLogprobs: a {model_type!r} model does more than a plain projection "
+            f"after its last hidden state (fused log-probs serve "
+            f"{', '.join(FUSED_LOGPROBS_MODEL_TYPES)})"
+        )
+
+
+@contextlib.contextmanager
+def scoring_head(model: nn.Module, input_ids: Tensor, temperature: float) -> Iterator[None]:
+    """Inside, `model`'s output head returns, instead of the logits, the log-prob of each
+    next token of `input_ids` and the entropy at each position, stacked ``[2, B, L - 1]``
+    (`algorithms.linear_next_token_logprobs_and_entropy`), which the model's forward passes
+    on as its ``logits``.
+
+    The head's forward is swapped rather than called apart from the model, so that the
+    model runs as always (DeepSpeed's engine forward, ZeRO-3 gathering the head's weight
+    for the forward and again for the backward pass)."""
+    head = cast(Any, model).get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        raise KernelsError(
+            f"spec.model.fusedLogprobs: the output head is {type(head).__name__} with a bias "
+            "or not a projection; fused log-probs need a bias-free linear head"
+        )
+
+    def scores(hidden: Tensor) -> Tensor:
+        logprobs, entropy = alg.linear_next_token_logprobs_and_entropy(
+            hidden, head.weight, input_ids, temperature
+        )
+        return torch.stack((logprobs, entropy))
+
+    head.forward = scores
+    try:
+        yield
+    finally:
+        del head.forward  # the class's again
 
 
 def with_kernels(model: nn.Module, kernels: str) -> nn.Module:

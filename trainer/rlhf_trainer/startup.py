@@ -45,7 +45,12 @@ from rlhf_trainer.engines import EngineLauncher, ModelSource, engine_id_from_nam
 from rlhf_trainer.experience import ESTIMATORS
 from rlhf_trainer.fleet import RolloutFleet
 from rlhf_trainer.losses import POLICY_LOSSES
-from rlhf_trainer.models import check_context_window, check_kernels, model_config
+from rlhf_trainer.models import (
+    check_context_window,
+    check_fused_logprobs,
+    check_kernels,
+    model_config,
+)
 from rlhf_trainer.registry import Registry
 from rlhf_trainer.remote_reward import RemoteReward
 from rlhf_trainer.rewards import (
@@ -199,14 +204,17 @@ def build_reward(spec: RLHFJobSpec, decode: Decode | None) -> CombinedReward:
 
 def check_model_config(spec: RLHFJobSpec) -> None:
     """NonRetryableError if the model's config cannot be loaded, `model.kernels` cannot patch a
-    model of its type, or a prompt and its response do not fit the model's context window.
+    model of its type (nor `model.fusedLogprobs` serve it), or a prompt and its response do not
+    fit the model's context window.
 
     This imports transformers (seconds): a warm restart skips it, since the attempt that
     started the adopted actors checked the very same spec.
     """
     try:
         config = model_config(spec.model)
-        check_kernels(spec.model.kernels, getattr(config, "model_type", "") or "")
+        model_type = getattr(config, "model_type", "") or ""
+        check_kernels(spec.model.kernels, model_type)
+        check_fused_logprobs(spec.model.fused_logprobs, model_type)
         algorithm = spec.algorithm
         check_context_window(config, algorithm.max_prompt_length, algorithm.max_response_length)
     except (ValueError, OSError) as error:
