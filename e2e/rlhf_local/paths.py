@@ -47,7 +47,7 @@ def state_file(root: Path) -> Path:
     return root / "cluster.json"
 
 
-#: Where listening ports are drawn from when the kernel's ephemeral range cannot be read.
+#: Linux's default ephemeral range, assumed where /proc does not give the one in force.
 EPHEMERAL_DEFAULT = (32768, 60999)
 #: The lowest port `_free_ports` draws: above the services most machines run and Ray's default
 #: range for its workers' ports (10002-19999), which a local Ray beside the cluster draws from.
