@@ -324,8 +324,9 @@ class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         chosen = torch.empty(states.shape[0], dtype=dtype, device=hidden.device)
         entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
+        weight = head.to(states.dtype)  # once, not per chunk (a copy when the dtypes differ)
         for rows in _token_chunks(states.shape[0], head.shape[0], chunk_elements):
-            logits = states[rows] @ head.to(states.dtype).t()
+            logits = states[rows] @ weight.t()
             chosen[rows], entropy[rows], lse[rows] = _forward_chunk(
                 _scaled(logits, temperature), targets[rows]
             )
