@@ -410,11 +410,12 @@ def test_4_lost_trainer_pods_shrink_then_grow_the_elastic_trainer_and_a_node_dra
                          and c["reason"] == "NodeDrained" and c, 60,
                          f"{run.name} to drain off {node}", details=run.explain)  # fmt: skip
         assert node in asked["message"], asked
-        drained = wait_for(
-            lambda: (run.jobs.condition(run.name, "Draining") or {}).get("status") == "False"
-            and run.record.newest_checkpoint(), 120, "the drain's checkpoint",
-        )  # fmt: skip
-        assert drained == run.record.last_step(), "the drain checkpointed the last step trained"
+        ended = wait_for(lambda: (c := run.jobs.condition(run.name, "Draining"))
+                         and c["status"] == "False" and c, 120, "the drain's end",
+                         details=run.explain)  # fmt: skip
+        assert ended["reason"] == "Drained", ended
+        drained = run.record.newest_checkpoint()
+        assert drained == run.record.last_step(), f"the drain saved the last step: {ended}"
         output, _ = drain.communicate(timeout=240)
         assert drain.returncode == 0, f"kubectl drain: {output}"
         run.jobs.wait_phase(run.name, "Running", 240, run.operator)

@@ -238,6 +238,7 @@ class Reconciler:
             foreign = ApplyRefusal(ray.RAY_CLUSTER_KIND, name, 409, reason, found.message)
             cluster_body = None
         ray_job = previous_ray_job = dashboard_error = problem = not_starting = warning = None
+        ray_job_read = False
         lease = None
         pods: list[Any] | None = None  # None: not read this time (its views are unknown)
         # Ready, deleting and the dashboard come from the RayCluster alone.
@@ -264,6 +265,7 @@ class Reconciler:
                     self.kube.get_lease(namespace, names.heartbeat_lease_name(job)),
                     self._ask_dashboard(job, shell, status.restart_count, now),
                 )
+                ray_job_read = dashboard_error is None
         elif not shell.ready and not shell.deleting:
             # Why the pods are not there yet; read only now, so a ready cluster costs nothing.
             read, events = await asyncio.gather(
@@ -292,6 +294,7 @@ class Reconciler:
                 dashboard_from_annotation=self.dashboard_from_annotation,
             ),
             ray_job=ray_job,
+            ray_job_read=ray_job_read,
             previous_ray_job=previous_ray_job,
             dashboard_error=dashboard_error,
             heartbeat=heartbeat_from_lease(lease),

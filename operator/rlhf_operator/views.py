@@ -121,6 +121,10 @@ class Observed:
     """The previous attempt's job while recovering: it must be gone before the next starts."""
     dashboard_error: str | None = None
     """Set when the dashboard did not answer; `ray_job` is then unknown, not absent."""
+    ray_job_read: bool = True
+    """Whether the dashboard was asked for this attempt's job this time and answered. When
+    not (the cluster not ready, its dashboard silent), `ray_job` None is unknown, not absent:
+    a drain under way then goes by the trainer's Lease, never by the silence."""
     heartbeat: HeartbeatView | None = None
     scheduling_problem: str | None = None
     """The scheduler's latest FailedScheduling message for the cluster's pods."""

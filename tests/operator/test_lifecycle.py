@@ -408,6 +408,23 @@ def test_without_a_trainer_to_save_a_step_the_cluster_goes_at_once(
     assert not any(c.type == "Draining" for c in plan.status.conditions)
 
 
+def test_while_the_dashboard_is_silent_a_drain_goes_by_the_trainers_lease() -> None:
+    silent: dict[str, Any] = dict(ray_job=None, ray_job_read=False, dashboard_error="timed out")
+    # Begun: the request goes through the Lease, which needs no dashboard.
+    plan = decide(suspended_world(running(currentStep=12), 50, heartbeat=LISTENING, **silent))
+    assert plan.actions == [RequestStop(at(50))]
+    assert condition(plan, "Draining").status == "True"
+    # Under way, heard: the silence is no exit; the cluster stays.
+    heard = replace(LISTENING, renewed=at(60), checkpoint_requested_at=at(50))
+    plan = decide(suspended_world(draining(50), 70, heartbeat=heard, **silent))
+    assert plan.actions == [] and plan.status.phase == Phase.RUNNING
+    # Saved, by the Lease's word: the cluster goes, the step kept.
+    saved = replace(heard, checkpoint_saved_step=13)
+    plan = decide(suspended_world(draining(50), 80, heartbeat=saved, **silent))
+    assert kinds(plan) == [ClearStopRequest, DeleteCluster]
+    assert "after checkpointing step 13" in condition(plan, "Draining").message
+
+
 def test_a_drain_resumed_meanwhile_finishes_then_the_job_resumes_from_its_checkpoint() -> None:
     world = suspended_world(draining(50), 80, ray_job=ray_job("FAILED", exit_code=4))
     world = replace(world, job=make_job(draining(50), suspend=False))

@@ -44,6 +44,7 @@ from rlhfjob import contract
 from rlhfjob.config import parse_job
 from rlhfjob.contract import LeaseReport, kueue
 from rlhfjob.contract import kuberay as ray
+from rlhfjob.contract.lease import parse_time
 from rlhfjob.patches import merge_patch
 from rlhfjob.valid_cases import valid_job
 
@@ -1259,8 +1260,8 @@ def test_a_cluster_not_ready_yet_is_read_with_its_pods_and_warnings_not_the_leas
 # -- node drains --------------------------------------------------------------------------------
 
 
-def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
-    world = World()
+def _drain_trainer_node(world: World) -> None:
+    """A running job whose trainer pod's node `kubectl drain` cordons, reconciled once after."""
     world.running()
     world.kube.beat(T0 + timedelta(seconds=2), LeaseReport(step=6, attempt=0))
     for pod in world.kube.pods[NAME]:
@@ -1271,6 +1272,11 @@ def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
     assert world.status["phase"] == "Running"  # nothing to see: no drain
     world.kube.cordoned = {"gpu-train-1"}  # `kubectl drain gpu-train-1` begins
     world.reconcile(10)  # after the cordoned nodes' cache ran out
+
+
+def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
+    world = World()
+    _drain_trainer_node(world)
     lease = world.kube.leases[NAME].metadata.annotations
     assert contract.LEASE_STOP_REQUESTED_AT in lease, "the trainer is asked to checkpoint"
     assert world.condition("Draining")["reason"] == "NodeDrained"
@@ -1283,6 +1289,31 @@ def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
     assert contract.LEASE_STOP_REQUESTED_AT not in world.kube.leases[NAME].metadata.annotations
     assert world.status["phase"] == "Provisioning"
     assert world.status["restartCount"] == 0, "moving off a drained node is not a failure"
+
+
+def test_a_silent_dashboard_never_ends_a_drain_before_the_trainer_saved_its_step() -> None:
+    # Seen once in the e2e tier: the dashboard timed out under a checkpointing driver, the
+    # drain took the silence for the driver's exit, and the cluster went mid-step.
+    world = World()
+    _drain_trainer_node(world)
+    requested = world.kube.leases[NAME].metadata.annotations[contract.LEASE_STOP_REQUESTED_AT]
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: timed out")
+    world.kube.beat(T0 + timedelta(seconds=11), LeaseReport(
+        step=7, attempt=0, checkpoint_requested_at=parse_time(requested),
+    ))  # fmt: skip
+    for second in (12, 14, 20):  # heard, still on its step
+        world.reconcile(second)
+        assert f"RayCluster/{NAME}" not in world.kube.deleted
+        assert world.condition("Draining")["status"] == "True"
+    world.kube.beat(T0 + timedelta(seconds=21), LeaseReport(
+        step=7, attempt=0, checkpoint_requested_at=parse_time(requested),
+        checkpoint_saved_step=7,
+    ))  # fmt: skip
+    world.reconcile(22)  # the dashboard still silent: the Lease says the step is saved
+    assert f"RayCluster/{NAME}" in world.kube.deleted
+    drained = world.condition("Draining")
+    assert (drained["status"], drained["reason"]) == ("False", "Drained")
+    assert "after checkpointing step 7" in drained["message"]
 
 
 # -- Kueue ------------------------------------------------------------------------------------

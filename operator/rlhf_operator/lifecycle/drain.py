@@ -33,6 +33,9 @@ def drain(b: PlanBuilder, cause: str, why: DrainCause = DrainCause.SUSPEND) -> b
 
     Only a trainer that heartbeats can hear the request; one that has not acknowledged it
     within `liveness.heartbeatTimeoutSeconds` is not listening (hung), and is not waited for.
+    The drain ends when Ray says the driver exited; while Ray's answer is unknown (a silent
+    dashboard), when the trainer's Lease says it saved its checkpoint, and never on the
+    silence alone: that would release a trainer in the middle of its step.
     """
     grace = b.job.spec.checkpoint.stop_grace_period_seconds
     ray_job = b.seen.ray_job
@@ -45,15 +48,22 @@ def drain(b: PlanBuilder, cause: str, why: DrainCause = DrainCause.SUSPEND) -> b
     # of slack for the time's round trip through text.
     answered = beat.checkpoint_requested_at if beat is not None else None
     heard = answered is not None and answered >= asked_at - timedelta(seconds=1)
-    if ray_job is None or not ray_job.active or cluster is None or cluster.deleting:
+    saved = heard and beat is not None and beat.checkpoint_saved_step is not None
+    if b.seen.ray_job_read:
+        stopped = ray_job is None or not ray_job.active
+    else:
+        stopped = b.draining() is not None and saved
+    if stopped or cluster is None or cluster.deleting:
         if b.draining() is not None:
             done = "the trainer stopped"
-            if heard and beat is not None and beat.checkpoint_saved_step is not None:
+            if saved and beat is not None:
                 done += f" after checkpointing step {beat.checkpoint_saved_step}"
             end_drain(b, EventReason.DRAINED, "Normal", f"{cause}: {done}")
         return False
     if b.draining() is None:
-        if grace == 0 or ray_job.status != "RUNNING" or beat is None:
+        # Under way: Ray says so, or (Ray's answer unknown) this attempt's driver heartbeats.
+        training = ray_job is None or ray_job.status == "RUNNING"
+        if grace == 0 or not training or beat is None:
             return False  # no step under way, no grace to save it in, or nobody listening
         b.act(RequestStop(b.seen.now))
         asked = (
