@@ -268,9 +268,18 @@ def update_one(args: argparse.Namespace) -> None:
         kl_coef=0.0,
     )
     # A "-liger" variant: the same with `model.kernels: liger` (the trainer's builder patches it);
-    # a "-fusedlp" one (after it) with `model.fusedLogprobs` (log-probs from the hidden states).
-    name = args.variant.removesuffix("-fusedlp")
-    document["spec"]["model"]["fusedLogprobs"] = name != args.variant
+    # a "-fusedlp" one (after it) with `model.fusedLogprobs` (log-probs from the hidden states);
+    # a "-compiledlp" one (last) with the per-chunk vocabulary math compiled by Inductor, a
+    # measurement of what one pass over the logits per direction would give.
+    compiled = args.variant.endswith("-compiledlp")
+    if compiled:
+        torch._dynamo.config.cache_size_limit = 64
+        alg._forward_chunk = torch.compile(alg._forward_chunk, dynamic=True)
+        alg._backward_chunk = torch.compile(alg._backward_chunk, dynamic=True)
+    name = args.variant.removesuffix("-compiledlp").removesuffix("-fusedlp")
+    document["spec"]["model"]["fusedLogprobs"] = args.variant.removesuffix("-compiledlp").endswith(
+        "-fusedlp"
+    )
     variant = name.removesuffix("-liger")
     document["spec"]["model"]["kernels"] = "liger" if variant != name else "eager"
     spec = RLHFJob.model_validate(document).spec

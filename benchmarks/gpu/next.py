@@ -24,15 +24,29 @@ LARGE_MODEL_KEYS = (
 """The 7B-class job's figures, as `large_model.py job` names them."""
 
 
+UPDATE_RESULTS = ("gpu-update-liger.json", "gpu-update-fusedlp.json")
+"""The calls of `colocated.py update` with Liger's kernels, oldest first."""
+
+
 def load(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((RESULTS / name).read_text())
     return data
 
 
+def describe(run: dict[str, Any]) -> str:
+    return f"trainer, {run['variant']}, micro-batch {run['micro_batch']} ({run['file']})"
+
+
 def main() -> None:
-    update = load("gpu-update-liger.json")
-    runs = [r for r in update["runs"] if r["shape"] == "1.5b"]
-    liger = [r for r in runs if r["variant"].endswith("-liger")]
+    # Every run of the trainer's update with Liger's kernels (each file's MFU and vs-plain
+    # against the ceiling and the plain step of its own call), its file beside it.
+    updates = {name: load(name) for name in UPDATE_RESULTS}
+    liger = [
+        {**run, "file": name}
+        for name, update in updates.items()
+        for run in update["runs"]
+        if run["shape"] == "1.5b" and "-liger" in run["variant"]
+    ]
     best = max(liger, key=lambda r: r["mfu"])
     paired = max((r for r in liger if r.get("vs_plain")), key=lambda r: r["vs_plain"])
     kernels = load("gpu-kernels-check.json")
@@ -46,9 +60,9 @@ def main() -> None:
     large = load("gpu-large-model.json")
     figures: dict[str, Any] = {
         "update_mfu_1_5b": best["mfu"],
-        "update_mfu_1_5b_run": f"trainer, {best['variant']}, micro-batch {best['micro_batch']}",
+        "update_mfu_1_5b_run": describe(best),
         "update_vs_plain_ratio_1_5b": paired["vs_plain"],
-        "update_vs_plain_run": f"trainer, {paired['variant']}, micro-batch {paired['micro_batch']}",
+        "update_vs_plain_run": describe(paired),
         "fused_logprob_max_abs_diff": kernels["logprob_max_abs_diff_liger"],
         "eager_bf16_logprob_max_abs_diff": kernels["logprob_max_abs_diff_eager"],
         "zero3_vs_plain_ratio_1_gpu": zero3["vs_plain"],
@@ -89,7 +103,7 @@ def main() -> None:
         for key, (op, bound) in goals.items()
     }
     figures["sources"] = {
-        "update": update["command"],
+        **{f"update ({name})": update["command"] for name, update in updates.items()},
         "kernels": kernels["command"],
         "checkpoint": stall["command"],
         "zero3": "gpu-colocated.json (benchmarks/gpu/colocated.py update)",
