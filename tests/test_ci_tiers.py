@@ -43,12 +43,45 @@ def test_the_table_shows_every_tier_and_fails_when_one_did_or_did_not_run() -> N
     run.tiers[3].seconds, run.tiers[3].exit_code = 120.0, 1
     table = tiers.table(run)
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
-    assert rows["unit"] == ["2.0", "exit", "1"]
+    assert rows["unit"] == ["2.0", "exit", "1", "beside", "the", "tiers", "after", "it"]
     assert rows["e2e"] == ["-", "not", "run"]
-    assert table.splitlines()[-1].split() == ["total", "5.0", "FAILED"]
+    run.clock -= 300  # the wall time, not the tiers' sum: background tiers overlap the others
+    assert table_total(run) == ["total", "5.0", "FAILED", "(wall)"]
     for tier in run.tiers:
         tier.exit_code = 0
     assert run.passed
+
+
+def table_total(run: Any) -> list[str]:
+    return tiers.table(run).splitlines()[-1].split()
+
+
+def test_a_background_tier_runs_beside_the_next_at_the_lowest_priority(tmp_path: Path) -> None:
+    gate = tmp_path / "foreground-ran"
+    # The background tier waits for the foreground one to have run: they overlap.
+    script = (
+        "import os, pathlib, time\n"
+        f"gate = pathlib.Path({str(gate)!r})\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not gate.exists() and time.monotonic() < deadline: time.sleep(0.05)\n"
+        "group = pathlib.Path('/proc/self/autogroup')\n"
+        "print('nice', os.nice(0), group.read_text().split()[-1] if group.exists() else 'none')\n"
+        "print('===== 2 passed in 0.10s =====')\n"
+        "raise SystemExit(0 if gate.exists() else 4)\n"
+    )
+    background = tiers.Tier("unit", [sys.executable, "-c", script], True, log_dir=tmp_path)
+    foreground = tiers.Tier("e2e", [sys.executable, "-c", f"open({str(gate)!r}, 'w')"])
+    proc = tiers.start_background(background)
+    started = tiers.time.monotonic()
+    try:
+        tiers.run_tier(foreground)
+        tiers.finish_background(background, proc, started)
+    finally:
+        tiers.stop_background(proc)
+    assert (foreground.exit_code, background.exit_code) == (0, 0)
+    assert background.summary == "2 passed"
+    nice, group = background.log.read_text().splitlines()[0].split()[1:]
+    assert nice == "19" and group in ("19", "none"), (nice, group)
 
 
 def test_the_last_line_adds_up_every_pytest_tier() -> None:
