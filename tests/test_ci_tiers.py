@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +73,14 @@ def test_a_background_tier_runs_beside_the_next_at_the_lowest_priority(tmp_path:
     )
     background = tiers.Tier("unit", [sys.executable, "-c", script], True, log_dir=tmp_path)
     foreground = tiers.Tier("e2e", [sys.executable, "-c", f"open({str(gate)!r}, 'w')"])
-    proc = tiers.start_background(background)
-    started = tiers.time.monotonic()
+    job = tiers.start_background(background)
     try:
         tiers.run_tier(foreground)
-        tiers.finish_background(background, proc, started)
+        tiers.finish_background(job)
     finally:
-        tiers.stop_background(proc)
+        tiers.stop_background(job)
     assert (foreground.exit_code, background.exit_code) == (0, 0)
+    assert background.seconds is not None and background.seconds > 0
     assert background.summary == "2 passed"
     nice, group = background.log.read_text().splitlines()[0].split()[1:]
     assert nice == "19" and group in ("19", "none"), (nice, group)
@@ -116,3 +118,30 @@ def test_a_failure_no_run_passed_is_a_failure_not_a_flake(ci_time: Any) -> None:
     summary = ci_time.summarise("abc", [run_record("cold", False, ["tests/test_x.py::test_y"])])
     assert (summary["consecutive_green_runs"], summary["flaky_tests"]) == (0, 0)
     assert summary["warm_minutes"] is None
+
+
+def test_a_background_tier_stopped_early_takes_its_children_with_it(tmp_path: Path) -> None:
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    tier = tiers.Tier("unit", [sys.executable, "-c", script], True, log_dir=tmp_path)
+    job = tiers.start_background(tier)
+    deadline = time.monotonic() + 30
+    while not tier.log.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(tier.log.read_text().split()[0])
+    tiers.stop_background(job)
+    job.waiter.join(timeout=30)
+    assert tier.exit_code == -signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the reaper (init) collects the orphan
+    assert not Path(f"/proc/{child}").exists() or process_state(child) == "Z"  # a zombie
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (after the parenthesised command name)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -119,31 +120,49 @@ def lowest_priority() -> None:
         Path("/proc/self/autogroup").write_text("19")
 
 
-def start_background(tier: Tier) -> subprocess.Popen[bytes]:
-    """Start a background tier in a session of its own (so that it can be stopped whole)."""
+@dataclass
+class Background:
+    """A background tier under way: its process, and the thread that records when it ended."""
+
+    tier: Tier
+    proc: subprocess.Popen[bytes]
+    waiter: threading.Thread
+
+
+def start_background(tier: Tier) -> Background:
+    """Start a background tier in a session of its own (so that it can be stopped whole); its
+    time and exit code are recorded when it ends, not when it is waited for."""
     print(f"\n[tiers] {tier.name}, in the background: {' '.join(tier.argv)} > {tier.log}")
     tier.log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
     with tier.log.open("wb") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             tier.argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=lowest_priority,
         )  # fmt: skip
 
+    def wait() -> None:
+        tier.exit_code = proc.wait()
+        tier.seconds = time.monotonic() - t0
 
-def finish_background(tier: Tier, proc: subprocess.Popen[bytes], started: float) -> None:
-    """Wait for a background tier, then pass its output through and record it as `run_tier`
-    does (its time from its own start)."""
-    print(f"\n[tiers] {tier.name}: waiting for it to finish (output follows)", flush=True)
-    tier.exit_code = proc.wait()
-    tier.seconds = time.monotonic() - started
-    for line in tier.log.read_text(errors="replace").splitlines(keepends=True):
+    waiter = threading.Thread(target=wait, name=f"tier-{tier.name}", daemon=True)
+    waiter.start()
+    return Background(tier, proc, waiter)
+
+
+def finish_background(job: Background) -> None:
+    """Wait for a background tier, then pass its output through and take its counts."""
+    print(f"\n[tiers] {job.tier.name}: waiting for it to end (its output follows)", flush=True)
+    job.waiter.join()
+    for line in job.tier.log.read_text(errors="replace").splitlines(keepends=True):
         sys.stdout.write(line)
-        read_summary(tier, line)
+        read_summary(job.tier, line)
     sys.stdout.flush()
 
 
-def stop_background(proc: subprocess.Popen[bytes]) -> None:
+def stop_background(job: Background) -> None:
     """A background tier still running when the run ends early: its whole session goes."""
+    proc = job.proc
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -195,22 +214,22 @@ def save(run: Run) -> None:
 
 def main(argv: list[str]) -> int:
     run = Run(tiers(argv))
-    background: list[tuple[Tier, subprocess.Popen[bytes], float]] = []
+    background: list[Background] = []
     try:
         for tier in run.tiers:
             if tier.background:
-                background.append((tier, start_background(tier), time.monotonic()))
+                background.append(start_background(tier))
                 continue
             run_tier(tier)
             if tier.exit_code != 0:
                 break
             if tier.name == "tools":  # the build overlaps lint (and the unit tier)
                 subprocess.run([PY, "-m", "rlhf_local.build", "--background"], cwd=REPO, check=True)
-        for tier, proc, started in background:  # their results count even after a failure
-            finish_background(tier, proc, started)
+        for job in background:  # their results count even after a failure
+            finish_background(job)
     finally:
-        for _, proc, _ in background:
-            stop_background(proc)
+        for job in background:
+            stop_background(job)
         subprocess.run([PY, "-m", "rlhf_local.build", "--stop"], cwd=REPO, check=False)
         save(run)
         print(f"\n[tiers] time per tier (also in {RESULT.relative_to(REPO)}):\n{table(run)}")
