@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import signal
 import sys
 import time
@@ -84,6 +85,16 @@ def test_a_background_tier_runs_beside_the_next_at_the_lowest_priority(tmp_path:
     assert background.summary == "2 passed"
     nice, group = background.log.read_text().splitlines()[0].split()[1:]
     assert nice == "19" and group in ("19", "none"), (nice, group)
+
+
+def test_the_record_ci_time_reads_is_written_whatever_the_tiers_hold(tmp_path: Path) -> None:
+    run = tiers.Run(tiers.tiers([]))
+    run.tiers[3].seconds, run.tiers[3].exit_code, run.tiers[3].summary = 90.0, 0, "3 passed"
+    tiers.save(run, tmp_path / "ci-tiers.json")
+    saved = json.loads((tmp_path / "ci-tiers.json").read_text())
+    assert saved["passed"] is False  # the other tiers did not run
+    unit = next(t for t in saved["tiers"] if t["name"] == "unit")
+    assert (unit["seconds"], unit["summary"], unit["background"]) == (90.0, "3 passed", True)
 
 
 def test_the_last_line_adds_up_every_pytest_tier() -> None:

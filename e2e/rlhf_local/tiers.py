@@ -33,8 +33,10 @@ RESULT = REPO / ".local" / "ci-tiers.json"
 SUMMARY = re.compile(r"^=+ (.*\d+ (?:passed|failed|error).*) in [\d.]+s")
 #: pytest-xdist's workers for the unit tier: one per core, at most 4 (each training test starts
 #: a Ray of several processes). On 2 cores this took the tier from 17.3 to 13.7 minutes: the
-#: quick tests run one process each, so one core idled through them.
-UNIT_WORKERS = ["--numprocesses=auto", "--maxprocesses=4"]
+#: quick tests run one process each, so one core idled through them. Work stealing: a worker
+#: that runs out takes the other's queued tests, so that the slow ones (run first,
+#: `tests/conftest.py`) do not all wait behind one worker.
+UNIT_WORKERS = ["--numprocesses=auto", "--maxprocesses=4", "--dist=worksteal"]
 
 
 @dataclass
@@ -201,15 +203,15 @@ def closing_line(run: Run) -> str:
     return f"tests: {counts['passed']} passed, {failed} failed{skipped}"
 
 
-def save(run: Run) -> None:
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
+def save(run: Run, path: Path = RESULT) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started)),
         "passed": run.passed,
         "minutes": round(run.seconds / 60, 2),
         "tiers": [asdict(t) for t in run.tiers],
     }
-    RESULT.write_text(json.dumps(data, indent=2) + "\n")
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def main(argv: list[str]) -> int:
