@@ -33,10 +33,11 @@ RESULT = REPO / ".local" / "ci-tiers.json"
 SUMMARY = re.compile(r"^=+ (.*\d+ (?:passed|failed|error).*) in [\d.]+s")
 #: pytest-xdist's workers for the unit tier: one per core, at most 4 (each training test starts
 #: a Ray of several processes). On 2 cores this took the tier from 17.3 to 13.7 minutes: the
-#: quick tests run one process each, so one core idled through them. Work stealing: a worker
-#: that runs out takes the other's queued tests, so that the slow ones (run first,
-#: `tests/conftest.py`) do not all wait behind one worker.
-UNIT_WORKERS = ["--numprocesses=auto", "--maxprocesses=4", "--dist=worksteal"]
+#: quick tests run one process each, so one core idled through them. One test at a time from a
+#: shared queue (xdist otherwise hands each worker a block of consecutive tests up front): the
+#: slow ones, first in the queue (`tests/conftest.py`), spread over the workers, and the quick
+#: ones fill the end.
+UNIT_WORKERS = ["--numprocesses=auto", "--maxprocesses=4", "--maxschedchunk=1"]
 
 
 @dataclass

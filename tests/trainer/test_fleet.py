@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from rlhf_local.harness import wait_for
 from rlhf_trainer.elastic import Chunk, assign_chunks, plan_chunks, split_evenly
 from rlhf_trainer.seeds import derive_seed
+from trainer.killing import kill_actor
 from trainer.recorder import Recorder
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
@@ -76,14 +78,6 @@ def test_the_calls_of_a_step_do_not_depend_on_how_many_engines_live() -> None:
 
 # --------------------------------------------------------------------------------------------
 # Real engines and a real policy group
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +178,7 @@ def test_a_lost_engine_is_replaced_and_the_samples_never_change(ray_cluster, mak
 
     # An engine dies: its chunks are sampled again by the survivor, with the same seeds.
     lost = fleet.live[1]
-    ray.kill(lost.actor, no_restart=True)
+    kill_actor(lost.actor)
     again = fleet.generate(PROMPTS, sampling())
     assert tokens(again) == expected
     assert [engine.id for engine in fleet.live] == [0]
@@ -218,7 +212,7 @@ def test_an_engine_lost_inside_a_sync_is_dropped_and_the_sync_redone(ray_cluster
     fleet.sync(1)
     expected = tokens(fleet.generate(PROMPTS, sampling()))
     fleet._probe = lambda: None  # let the loss surface inside the broadcasts, not before
-    ray.kill(fleet.live[0].actor, no_restart=True)
+    kill_actor(fleet.live[0].actor)
     started = time.monotonic()
     fleet.sync(2)  # rank 0's send fails on the dead peer; the survivor times out, is resynced
     assert time.monotonic() - started < 5.0 + 60
@@ -236,10 +230,9 @@ def test_an_engine_lost_inside_a_sync_is_dropped_and_the_sync_redone(ray_cluster
 def test_without_spare_engines_a_loss_fails_the_step(ray_cluster, make_fleet):
     from rlhf_trainer.fleet import RolloutCapacityError
 
-    ray = ray_cluster
     fleet, recorder = make_fleet(minimum=2)  # minReplicas unset: every replica is needed
     fleet.sync(1)
-    ray.kill(fleet.live[1].actor, no_restart=True)
+    kill_actor(fleet.live[1].actor)
     with pytest.raises(RolloutCapacityError, match="fewer than the minimum 2"):
         fleet.generate(PROMPTS, sampling())
     assert recorder.saw("lost during generation")

@@ -14,6 +14,7 @@ import pytest
 
 from rlhf_local.harness import wait_for
 from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer, target_token_ids
+from trainer.killing import kill_actor
 from trainer.recorder import Recorder
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
@@ -265,7 +266,7 @@ def test_a_fleet_scores_as_a_local_scorer_survives_a_lost_actor_and_admits_its_r
     assert fleet.score([], [], BATCH) == []
     assert recorder.counts[-1] == (2, 2) and recorder.saw("up")
 
-    ray_cluster.kill(fleet.live[0].actor)
+    kill_actor(fleet.live[0].actor)
     assert fleet.score(prompts, responses, BATCH) == expected
     assert len(fleet.live) == 1 and recorder.counts[-1] == (1, 2)
     assert recorder.saw("reward model 0 lost during scoring")
@@ -292,7 +293,7 @@ def test_below_the_minimum_scoring_raises_a_capacity_error(
 
     fleet, _ = make_fleet(minimum=2)
     prompts, responses = samples(6)
-    ray_cluster.kill(fleet.live[1].actor)
+    kill_actor(fleet.live[1].actor)
     with pytest.raises(RewardCapacityError, match="minimum 2"):
         fleet.score(prompts, responses, BATCH)
     assert len(fleet.live) == 1
@@ -307,7 +308,7 @@ def test_a_replacement_that_cannot_be_placed_never_blocks_scoring(
     fleet, _ = make_fleet()
     prompts, responses = samples(8)
     expected = fleet.score(prompts, responses, BATCH)
-    ray_cluster.kill(fleet.live[1].actor)
+    kill_actor(fleet.live[1].actor)
     blocker = blocker_class.remote()  # takes the unit the lost actor freed
     try:
         assert ray_cluster.get(blocker.ping.remote(), timeout=60)
