@@ -12,11 +12,3 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).parent))
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    """The slow tests (training, Ray) first, the quick ones after them: on several workers
-    (pytest-xdist, handing out one test at a time) the quick ones then fill the end, where a
-    slow one started last kept one worker busy minutes after the other ran out (longest
-    first). A stable sort: each group keeps its order."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
