@@ -423,6 +423,11 @@ def test_while_the_dashboard_is_silent_a_drain_goes_by_the_trainers_lease() -> N
     plan = decide(suspended_world(draining(50), 80, heartbeat=saved, **silent))
     assert kinds(plan) == [ClearStopRequest, DeleteCluster]
     assert "after checkpointing step 13" in condition(plan, "Draining").message
+    # Heard, then quiet for the heartbeat timeout (60 s): gone with its head, not waited for
+    # to the end of the grace period.
+    plan = decide(suspended_world(draining(50), 60 + 60, heartbeat=heard, **silent))
+    assert kinds(plan) == [ClearStopRequest, DeleteCluster]
+    assert condition(plan, "Draining").reason == "Drained"
 
 
 def test_a_drain_resumed_meanwhile_finishes_then_the_job_resumes_from_its_checkpoint() -> None:

@@ -34,8 +34,9 @@ def drain(b: PlanBuilder, cause: str, why: DrainCause = DrainCause.SUSPEND) -> b
     Only a trainer that heartbeats can hear the request; one that has not acknowledged it
     within `liveness.heartbeatTimeoutSeconds` is not listening (hung), and is not waited for.
     The drain ends when Ray says the driver exited; while Ray's answer is unknown (a silent
-    dashboard), when the trainer's Lease says it saved its checkpoint, and never on the
-    silence alone: that would release a trainer in the middle of its step.
+    dashboard), when the trainer's Lease says it saved its checkpoint or has not been renewed
+    for the heartbeat timeout, and never on the silence alone: that would release a trainer
+    in the middle of its step.
     """
     grace = b.job.spec.checkpoint.stop_grace_period_seconds
     ray_job = b.seen.ray_job
@@ -49,10 +50,12 @@ def drain(b: PlanBuilder, cause: str, why: DrainCause = DrainCause.SUSPEND) -> b
     answered = beat.checkpoint_requested_at if beat is not None else None
     heard = answered is not None and answered >= asked_at - timedelta(seconds=1)
     saved = heard and beat is not None and beat.checkpoint_saved_step is not None
+    deaf = b.job.spec.liveness.heartbeat_timeout_seconds
     if b.seen.ray_job_read:
         stopped = ray_job is None or not ray_job.active
-    else:
-        stopped = b.draining() is not None and saved
+    else:  # Ray did not answer: the Lease says the step is saved, or the driver went quiet
+        quiet = beat is None or b.waited(beat.renewed) >= deaf
+        stopped = b.draining() is not None and (saved or quiet)
     if stopped or cluster is None or cluster.deleting:
         if b.draining() is not None:
             done = "the trainer stopped"
@@ -76,7 +79,6 @@ def drain(b: PlanBuilder, cause: str, why: DrainCause = DrainCause.SUSPEND) -> b
         b.requeue(DRAIN_POLL_SECONDS)
         return True
     waited = b.waited(asked_at)
-    deaf = b.job.spec.liveness.heartbeat_timeout_seconds
     if not heard and waited >= deaf:
         late = f"{cause}: the trainer did not acknowledge the stop request in {deaf}s"
     elif waited >= grace:
