@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rlhf_local.harness import wait_for
 from rlhf_trainer.actors import WorkerGroup, ZeroWorker, rank_name
 from rlhf_trainer.adoption import (
     DEFAULT_ADOPT_TIMEOUT_S,
@@ -130,6 +129,14 @@ def ray_namespace_of_a_job() -> Iterator[Any]:
     )
     yield ray
     ray.shutdown()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,6 @@ import yaml
 torch = pytest.importorskip("torch")
 
 import rlhfjob_cli as cli  # noqa: E402
-from rlhf_local.harness import wait_for  # noqa: E402
 from rlhf_trainer.checkpoint import TEMP_DIR_PREFIX, CheckpointStore, read_checkpoint  # noqa: E402
 from rlhf_trainer.curves import plot_reward_curve, read_step_log  # noqa: E402
 from rlhf_trainer.driver import final_status, local_ray_resources  # noqa: E402
@@ -176,6 +175,15 @@ def test_the_step_log_keeps_the_last_record_of_a_step_and_plots(tmp_path):
 # The driver as a process
 
 
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `condition` until it holds; fail after `timeout_s` naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -200,6 +208,11 @@ def ray_address() -> Iterator[str]:
             "--num-cpus=2",
             f"--resources={json.dumps(resources)}",
             "--include-dashboard=false",
+            # Ports of their own for what listens on a fixed default even so (8265, 10001,
+            # 52365): another worker's head on this machine must not collide with this one.
+            f"--dashboard-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
             "--disable-usage-stats",
             f"--temp-dir={temp_dir}",
         ],

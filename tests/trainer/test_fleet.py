@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from rlhf_local.harness import wait_for
 from rlhf_trainer.elastic import Chunk, assign_chunks, plan_chunks, split_evenly
 from rlhf_trainer.seeds import derive_seed
 from trainer.killing import kill_actor
@@ -78,6 +77,14 @@ def test_the_calls_of_a_step_do_not_depend_on_how_many_engines_live() -> None:
 
 # --------------------------------------------------------------------------------------------
 # Real engines and a real policy group
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
