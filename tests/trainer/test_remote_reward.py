@@ -156,6 +156,19 @@ class Stub:
                     stub.in_flight += 1
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
                     stub.condition.notify_all()
+                counted = True
+
+                def finished() -> None:
+                    """Out of flight before the reply's body goes: the client may send its
+                    next request as soon as it has read it (counted after the write, that
+                    request could be counted before this one left, one too many)."""
+                    nonlocal counted
+                    if counted:
+                        counted = False
+                        with stub.condition:
+                            stub.in_flight -= 1
+                            stub.condition.notify_all()
+
                 try:
                     reply = stub.respond(json.loads(body))
                     payload = reply.encoded()
@@ -165,13 +178,12 @@ class Stub:
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
+                    finished()
                     self.wfile.write(payload)
                 except OSError:  # the client gave up (a timeout test)
                     pass
                 finally:
-                    with stub.condition:
-                        stub.in_flight -= 1
-                        stub.condition.notify_all()
+                    finished()
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
