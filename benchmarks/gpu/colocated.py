@@ -271,15 +271,13 @@ def update_one(args: argparse.Namespace) -> None:
     # a "-fusedlp" one (after it) with `model.fusedLogprobs` (log-probs from the hidden states);
     # a "-compiledlp" one (last) with the per-chunk vocabulary math compiled by Inductor, a
     # measurement of what one pass over the logits per direction would give.
-    compiled = args.variant.endswith("-compiledlp")
-    if compiled:
+    uncompiled = args.variant.removesuffix("-compiledlp")
+    if uncompiled != args.variant:
         torch._dynamo.config.cache_size_limit = 64
         alg._forward_chunk = torch.compile(alg._forward_chunk, dynamic=True)
         alg._backward_chunk = torch.compile(alg._backward_chunk, dynamic=True)
-    name = args.variant.removesuffix("-compiledlp").removesuffix("-fusedlp")
-    document["spec"]["model"]["fusedLogprobs"] = args.variant.removesuffix("-compiledlp").endswith(
-        "-fusedlp"
-    )
+    name = uncompiled.removesuffix("-fusedlp")
+    document["spec"]["model"]["fusedLogprobs"] = name != uncompiled
     variant = name.removesuffix("-liger")
     document["spec"]["model"]["kernels"] = "liger" if variant != name else "eager"
     spec = RLHFJob.model_validate(document).spec
