@@ -273,6 +273,37 @@ def test_the_head_fused_form_in_bfloat16_is_the_bfloat16_heads_within_rounding()
         torch.testing.assert_close(mine.float(), theirs.float(), rtol=0.02, atol=0.02)
 
 
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="Triton's kernels: on the GPU machine"))],
+)  # fmt: skip
+def test_compiled_chunk_math_gives_the_eager_values_and_gradients(device: str) -> None:
+    """`model.compiledLogprobs`: Inductor's kernels (C++ on the CPU, Triton on a GPU) for
+    both forms, chunked, at a temperature, from bf16 logits as a GPU model gives them, with
+    the gradients of both results and of the log-probs alone (an update without an entropy
+    bonus; each pattern of gradients is a compile of its own)."""
+    generator = torch.Generator().manual_seed(6)
+    bf16 = {"dtype": torch.bfloat16, "device": device}
+    hidden = torch.randn(3, 7, 16, generator=generator).to(**bf16).requires_grad_(True)
+    head = torch.randn(40, 16, generator=generator).to(**bf16).requires_grad_(True)
+    ids = torch.randint(0, 40, (3, 7), generator=generator).to(device)
+
+    def run(compiled: bool, which: slice) -> list[torch.Tensor]:
+        logits = (hidden @ head.t()).detach().requires_grad_(True)
+        plain = alg.next_token_logprobs_and_entropy(logits, ids, 0.7, 100, compiled=compiled)
+        fused = alg.linear_next_token_logprobs_and_entropy(
+            hidden, head, ids, 0.7, 100, compiled=compiled
+        )
+        loss = sum(t.sum() for t in (*plain[which], *fused[which]))
+        return [*plain, *fused, *torch.autograd.grad(loss, (logits, hidden, head))]
+
+    for which in (slice(0, 2), slice(0, 1)):
+        for mine, theirs in zip(run(True, which), run(False, which), strict=True):
+            torch.testing.assert_close(mine, theirs)  # float32 or bf16 rounding
+    assert alg.chunk_math(True) is alg.chunk_math(True)  # compiled once per process
+
+
 def test_the_head_fused_form_names_bad_shapes() -> None:
     with pytest.raises(ValueError, match=r"hidden must be \[B, L, H\]"):
         alg.linear_next_token_logprobs_and_entropy(

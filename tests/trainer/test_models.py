@@ -97,7 +97,8 @@ def test_fused_logprobs_score_the_models_own_logits_and_hand_back_its_head() -> 
 
     def scores_and_gradients(fused: bool) -> list[torch.Tensor]:
         model.zero_grad()
-        logprobs, entropy = next_token_scores(model, batch, 0.9, fused)
+        model_spec = spec.model.model_copy(update={"fused_logprobs": fused})
+        logprobs, entropy = next_token_scores(model, batch, 0.9, model_spec)
         loss = (logprobs * weights[0]).sum() + (entropy * weights[1]).sum()
         loss.backward()
         return [logprobs, entropy] + [p.grad.clone() for p in model.parameters()]
@@ -122,7 +123,8 @@ def test_fused_logprobs_refuse_a_head_with_a_bias_and_a_model_type_that_reshapes
     head = model.get_output_embeddings()
     model.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features))
     with pytest.raises(KernelsError, match="bias-free linear head"):
-        next_token_scores(model, build_batch([[1, 2]], [[3]]), 1.0, True)
+        fused = spec.model.model_copy(update={"fused_logprobs": True})
+        next_token_scores(model, build_batch([[1, 2]], [[3]]), 1.0, fused)
 
 
 def _partitioned_loading_process(directory: str, results: Any) -> None:

@@ -56,7 +56,7 @@ from rlhf_trainer.zero import (
     skip_unused_deepspeed_builds,
     zero_stage,
 )
-from rlhfjob.api import RLHFJobSpec, RoleSpec, ray_resource
+from rlhfjob.api import ModelSpec, RLHFJobSpec, RoleSpec, ray_resource
 
 logger = logging.getLogger(__name__)
 
@@ -302,16 +302,20 @@ class ZeroWorker:
 
 
 def next_token_scores(
-    engine: Any, micro: Batch, temperature: float, fused: bool
+    engine: Any, micro: Batch, temperature: float, model: ModelSpec
 ) -> tuple[Tensor, Tensor]:
     """(log-prob of each next token, entropy at each position) of a causal LM (a DeepSpeed
     engine or the bare network) on `micro`, both ``[rows, L - 1]``: from its logits, or with
-    `fused` (`spec.model.fusedLogprobs`) straight from its last hidden states."""
+    `model.fused_logprobs` straight from its last hidden states (`model.compiled_logprobs`:
+    the per-token math compiled either way)."""
     inputs = {"input_ids": micro.input_ids, "attention_mask": micro.attention_mask}
-    if not fused:
+    compiled = model.compiled_logprobs
+    if not model.fused_logprobs:
         logits = engine(**inputs).logits
-        return alg.next_token_logprobs_and_entropy(logits, micro.input_ids, temperature)
-    with scoring_head(getattr(engine, "module", engine), micro.input_ids, temperature):
+        return alg.next_token_logprobs_and_entropy(
+            logits, micro.input_ids, temperature, compiled=compiled
+        )
+    with scoring_head(getattr(engine, "module", engine), micro.input_ids, temperature, compiled):
         scores = engine(**inputs).logits
     return scores[0], scores[1]
 
@@ -321,9 +325,7 @@ def _sequence_logprobs(engine: Any, batch: Batch, spec: RLHFJobSpec) -> Tensor:
     algorithm, parts = spec.algorithm, []
     with torch.no_grad():
         for micro in batch.micro_batches(algorithm.micro_batch_size):
-            logprobs, _ = next_token_scores(
-                engine, micro, algorithm.temperature, spec.model.fused_logprobs
-            )
+            logprobs, _ = next_token_scores(engine, micro, algorithm.temperature, spec.model)
             parts.append(logprobs.float())
     return torch.cat(parts).cpu()
 
@@ -423,7 +425,7 @@ class PolicyWorker(ZeroWorker):
             for micro in shard.micro_batches(algorithm.micro_batch_size):
                 tokens = float(micro.action_mask.sum())
                 logprobs, entropies = next_token_scores(
-                    self.engine, micro, algorithm.temperature, self.spec.model.fused_logprobs
+                    self.engine, micro, algorithm.temperature, self.spec.model
                 )
                 micro_loss = objective(logprobs, entropies, micro.fields, micro.action_mask)
                 self.engine.backward(micro_loss.loss * micro_loss.units * scale)

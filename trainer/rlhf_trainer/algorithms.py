@@ -14,6 +14,8 @@ Shape conventions used throughout:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import torch
@@ -134,6 +136,7 @@ def next_token_logprobs_and_entropy(
     input_ids: Tensor,
     temperature: float = 1.0,
     chunk_elements: int = CHUNK_ELEMENTS,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Log-prob of every next token and the entropy at every position of a causal LM's output.
 
@@ -144,7 +147,9 @@ def next_token_logprobs_and_entropy(
     in float32 for the whole batch (only `chunk_elements` of it at a time, recomputed in the
     backward pass), and the gradient is written straight into one buffer shaped like
     ``logits``. On a 151,936-token vocabulary the unfused forms spent a large share of a policy
-    update materialising copies of the logits (`BENCHMARKS.md`, policy update).
+    update materialising copies of the logits (`BENCHMARKS.md`, policy update). With
+    `compiled` (`spec.model.compiledLogprobs`) each chunk's math is one Inductor kernel per
+    direction (`chunk_math`).
     """
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(
@@ -152,7 +157,7 @@ def next_token_logprobs_and_entropy(
             f"and {tuple(input_ids.shape)}"
         )
     result = _NextTokenLogprobsAndEntropy.apply(
-        logits, input_ids, float(temperature), int(chunk_elements)
+        logits, input_ids, float(temperature), int(chunk_elements), bool(compiled)
     )
     return result[0], result[1]
 
@@ -168,6 +173,47 @@ def _scaled(chunk: Tensor, temperature: float) -> Tensor:
     """``chunk / temperature`` as a new tensor of at least float32 (the caller works in place)."""
     scaled = chunk.to(torch.promote_types(chunk.dtype, torch.float32), copy=True)
     return scaled.div_(temperature) if temperature != 1.0 else scaled
+
+
+def _forward_rows(
+    chunk: Tensor, targets: Tensor, temperature: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`_forward_chunk` of a chunk of logits in the model's dtype."""
+    return _forward_chunk(_scaled(chunk, temperature), targets)
+
+
+def _backward_rows(
+    chunk: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    entropy: Tensor,
+    grad_chosen: Tensor | None,
+    grad_entropy: Tensor | None,
+    temperature: float,
+) -> Tensor:
+    """`_backward_chunk` of a chunk of logits in the model's dtype."""
+    scaled = _scaled(chunk, temperature)
+    return _backward_chunk(scaled, targets, lse, entropy, grad_chosen, grad_entropy, temperature)
+
+
+ChunkMath = tuple[Callable[..., tuple[Tensor, Tensor, Tensor]], Callable[..., Tensor]]
+_COMPILED_CHUNK_MATH: list[ChunkMath] = []
+
+
+def chunk_math(compiled: bool) -> ChunkMath:
+    """The per-chunk forward and backward of the log-probs and entropy: eager, or compiled by
+    `torch.compile` (Inductor, dynamic shapes; once per process, on first use).
+
+    Eager, each direction is several passes over a chunk's float32 logits (the upcast, the
+    log-softmax, the exponential, the entropy's product, the gradient's in-place updates);
+    compiled, one fused kernel each, which is what the vocabulary passes need: they were a
+    fifth of a 1.5B update's GPU time (`BENCHMARKS.md`)."""
+    if not compiled:
+        return _forward_rows, _backward_rows
+    if not _COMPILED_CHUNK_MATH:
+        compile_ = functools.partial(torch.compile, dynamic=True)
+        _COMPILED_CHUNK_MATH.append((compile_(_forward_rows), compile_(_backward_rows)))
+    return _COMPILED_CHUNK_MATH[0]
 
 
 def _log_softmax_(scaled: Tensor, lse: Tensor) -> Tensor:
@@ -232,6 +278,7 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         input_ids: Tensor,
         temperature: float,
         chunk_elements: int,
+        compiled: bool,
     ) -> tuple[Tensor, Tensor]:
         scores, targets = logits[:, :-1], input_ids[:, 1:].long().unsqueeze(-1)
         shape = scores.shape[:2]
@@ -239,12 +286,14 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         chosen = torch.empty(shape, dtype=dtype, device=logits.device)
         entropy = torch.empty_like(chosen)
         lse = torch.empty_like(chosen)
+        forward_rows, _ = chunk_math(compiled)
         for rows in _chunks(scores, chunk_elements):
-            chosen[rows], entropy[rows], lse[rows] = _forward_chunk(
-                _scaled(scores[rows], temperature), targets[rows]
+            chosen[rows], entropy[rows], lse[rows] = forward_rows(
+                scores[rows], targets[rows], temperature
             )
         ctx.save_for_backward(logits, input_ids, lse, entropy)
         ctx.temperature, ctx.chunk_elements = temperature, chunk_elements  # type: ignore[attr-defined]
+        ctx.compiled = compiled  # type: ignore[attr-defined]
         ctx.set_materialize_grads(False)
         return chosen, entropy
 
@@ -253,21 +302,22 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx,
         grad_chosen: Tensor | None,
         grad_entropy: Tensor | None,
-    ) -> tuple[Tensor | None, None, None, None]:
+    ) -> tuple[Tensor | None, None, None, None, None]:
         logits, input_ids, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature: float = ctx.temperature  # type: ignore[attr-defined]
         grad = torch.zeros_like(logits)  # the last position scores nothing
         if grad_chosen is None and grad_entropy is None:
-            return grad, None, None, None
+            return grad, None, None, None, None
         scores, targets = logits[:, :-1], input_ids[:, 1:].long().unsqueeze(-1)
+        _, backward_rows = chunk_math(ctx.compiled)  # type: ignore[attr-defined]
         for rows in _chunks(scores, ctx.chunk_elements):  # type: ignore[attr-defined]
-            grad[rows, :-1] = _backward_chunk(
-                _scaled(scores[rows], temperature), targets[rows], lse[rows], entropy[rows],
+            grad[rows, :-1] = backward_rows(
+                scores[rows], targets[rows], lse[rows], entropy[rows],
                 None if grad_chosen is None else grad_chosen[rows],
                 None if grad_entropy is None else grad_entropy[rows],
                 temperature,
             )  # fmt: skip
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def linear_next_token_logprobs_and_entropy(
@@ -276,6 +326,7 @@ def linear_next_token_logprobs_and_entropy(
     input_ids: Tensor,
     temperature: float = 1.0,
     chunk_elements: int = CHUNK_ELEMENTS,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """`next_token_logprobs_and_entropy` of the logits ``hidden @ head.T``, never computed
     for more than `chunk_elements` at a time, in the forward or the backward pass.
@@ -293,7 +344,7 @@ def linear_next_token_logprobs_and_entropy(
     if head.dim() != 2 or head.shape[1] != hidden.shape[2]:
         raise ValueError(f"head must be [V, {hidden.shape[2]}]; got {tuple(head.shape)}")
     result = _LinearNextTokenLogprobsAndEntropy.apply(
-        hidden, head, input_ids, float(temperature), int(chunk_elements)
+        hidden, head, input_ids, float(temperature), int(chunk_elements), bool(compiled)
     )
     return result[0], result[1]
 
@@ -317,6 +368,7 @@ class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
         input_ids: Tensor,
         temperature: float,
         chunk_elements: int,
+        compiled: bool,
     ) -> tuple[Tensor, Tensor]:
         batch, length, width = hidden.shape
         states = hidden[:, :-1].reshape(-1, width)
@@ -325,13 +377,15 @@ class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
         chosen = torch.empty(states.shape[0], dtype=dtype, device=hidden.device)
         entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
         weight = head.to(states.dtype)  # once, not per chunk (a copy when the dtypes differ)
+        forward_rows, _ = chunk_math(compiled)
         for rows in _token_chunks(states.shape[0], head.shape[0], chunk_elements):
             logits = states[rows] @ weight.t()
-            chosen[rows], entropy[rows], lse[rows] = _forward_chunk(
-                _scaled(logits, temperature), targets[rows]
+            chosen[rows], entropy[rows], lse[rows] = forward_rows(
+                logits, targets[rows], temperature
             )
         ctx.save_for_backward(hidden, head, input_ids, lse, entropy)
         ctx.temperature, ctx.chunk_elements = temperature, chunk_elements  # type: ignore[attr-defined]
+        ctx.compiled = compiled  # type: ignore[attr-defined]
         ctx.set_materialize_grads(False)
         shape = (batch, length - 1)
         return chosen.view(shape), entropy.view(shape)
@@ -341,12 +395,12 @@ class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx,
         grad_chosen: Tensor | None,
         grad_entropy: Tensor | None,
-    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None, None]:
         hidden, head, input_ids, lse, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature: float = ctx.temperature  # type: ignore[attr-defined]
         grad_hidden = torch.zeros_like(hidden)  # the last position scores nothing
         if grad_chosen is None and grad_entropy is None:
-            return grad_hidden, torch.zeros_like(head), None, None, None
+            return grad_hidden, torch.zeros_like(head), None, None, None, None
         width = hidden.shape[2]
         states = hidden[:, :-1].reshape(-1, width)
         targets = input_ids[:, 1:].reshape(-1, 1).long()
@@ -357,16 +411,17 @@ class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
         # Accumulated over the chunks in at least float32, as one matmul would.
         accumulate = torch.promote_types(head.dtype, torch.float32)
         grad_head = torch.zeros(head.shape, dtype=accumulate, device=head.device)
+        _, backward_rows = chunk_math(ctx.compiled)  # type: ignore[attr-defined]
         for rows in _token_chunks(states.shape[0], head.shape[0], ctx.chunk_elements):  # type: ignore[attr-defined]
-            dx = _backward_chunk(
-                _scaled(states[rows] @ weight.t(), temperature), targets[rows], lse[rows],
+            dx = backward_rows(
+                states[rows] @ weight.t(), targets[rows], lse[rows],
                 entropy[rows], None if g_chosen is None else g_chosen[rows],
                 None if g_entropy is None else g_entropy[rows], temperature,
             ).to(states.dtype)  # fmt: skip
             grad_states[rows] = dx @ weight
             grad_head += (dx.t() @ states[rows]).to(accumulate)
         grad_hidden[:, :-1] = grad_states.view(hidden.shape[0], -1, width)
-        return grad_hidden, grad_head.to(head.dtype), None, None, None
+        return grad_hidden, grad_head.to(head.dtype), None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------

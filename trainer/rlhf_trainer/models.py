@@ -155,7 +155,9 @@ def check_fused_logprobs(enabled: bool, model_type: str) -> None:
 
 
 @contextlib.contextmanager
-def scoring_head(model: nn.Module, input_ids: Tensor, temperature: float) -> Iterator[None]:
+def scoring_head(
+    model: nn.Module, input_ids: Tensor, temperature: float, compiled: bool = False
+) -> Iterator[None]:
     """Inside, `model`'s output head returns, instead of the logits, the log-prob of each
     next token of `input_ids` and the entropy at each position, stacked ``[2, B, L - 1]``
     (`algorithms.linear_next_token_logprobs_and_entropy`), which the model's forward passes
@@ -173,7 +175,7 @@ def scoring_head(model: nn.Module, input_ids: Tensor, temperature: float) -> Ite
 
     def scores(hidden: Tensor) -> Tensor:
         logprobs, entropy = alg.linear_next_token_logprobs_and_entropy(
-            hidden, head.weight, input_ids, temperature
+            hidden, head.weight, input_ids, temperature, compiled=compiled
         )
         return torch.stack((logprobs, entropy))
 
