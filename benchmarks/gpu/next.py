@@ -24,7 +24,11 @@ LARGE_MODEL_KEYS = (
 """The 7B-class job's figures, as `large_model.py job` names them."""
 
 
-UPDATE_RESULTS = ("gpu-update-liger.json", "gpu-update-fusedlp.json")
+UPDATE_RESULTS = (
+    "gpu-update-liger.json",
+    "gpu-update-fusedlp.json",
+    "gpu-update-compiledlp-field.json",
+)
 """The calls of `colocated.py update` with Liger's kernels, oldest first."""
 
 
