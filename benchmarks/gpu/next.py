@@ -28,6 +28,7 @@ UPDATE_RESULTS = (
     "gpu-update-liger.json",
     "gpu-update-fusedlp.json",
     "gpu-update-compiledlp-field.json",
+    "gpu-update-compiled.json",
 )
 """The calls of `colocated.py update` with Liger's kernels, oldest first."""
 

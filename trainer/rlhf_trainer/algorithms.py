@@ -175,45 +175,20 @@ def _scaled(chunk: Tensor, temperature: float) -> Tensor:
     return scaled.div_(temperature) if temperature != 1.0 else scaled
 
 
-def _forward_rows(
-    chunk: Tensor, targets: Tensor, temperature: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`_forward_chunk` of a chunk of logits in the model's dtype."""
-    return _forward_chunk(_scaled(chunk, temperature), targets)
-
-
-def _backward_rows(
-    chunk: Tensor,
-    targets: Tensor,
-    lse: Tensor,
-    entropy: Tensor,
-    grad_chosen: Tensor | None,
-    grad_entropy: Tensor | None,
-    temperature: float,
-) -> Tensor:
-    """`_backward_chunk` of a chunk of logits in the model's dtype."""
-    scaled = _scaled(chunk, temperature)
-    return _backward_chunk(scaled, targets, lse, entropy, grad_chosen, grad_entropy, temperature)
-
-
 ChunkMath = tuple[Callable[..., tuple[Tensor, Tensor, Tensor]], Callable[..., Tensor]]
-_COMPILED_CHUNK_MATH: list[ChunkMath] = []
 
 
+@functools.cache
 def chunk_math(compiled: bool) -> ChunkMath:
     """The per-chunk forward and backward of the log-probs and entropy: eager, or compiled by
-    `torch.compile` (Inductor, dynamic shapes; once per process, on first use).
-
-    Eager, each direction is several passes over a chunk's float32 logits (the upcast, the
-    log-softmax, the exponential, the entropy's product, the gradient's in-place updates);
-    compiled, one fused kernel each, which is what the vocabulary passes need: they were a
-    fifth of a 1.5B update's GPU time (`BENCHMARKS.md`)."""
+    `torch.compile` (Inductor, dynamic shapes; once per process, on first use). Eager, each
+    direction is several passes over a chunk's float32 logits (the upcast, log-softmax,
+    exponential, the entropy's product, the gradient's updates); compiled, one fused kernel
+    each: those passes were a fifth of a 1.5B update's GPU time (`BENCHMARKS.md`)."""
     if not compiled:
-        return _forward_rows, _backward_rows
-    if not _COMPILED_CHUNK_MATH:
-        compile_ = functools.partial(torch.compile, dynamic=True)
-        _COMPILED_CHUNK_MATH.append((compile_(_forward_rows), compile_(_backward_rows)))
-    return _COMPILED_CHUNK_MATH[0]
+        return _forward_chunk, _backward_chunk
+    compile_ = functools.partial(torch.compile, dynamic=True)
+    return compile_(_forward_chunk), compile_(_backward_chunk)
 
 
 def _log_softmax_(scaled: Tensor, lse: Tensor) -> Tensor:
@@ -222,9 +197,12 @@ def _log_softmax_(scaled: Tensor, lse: Tensor) -> Tensor:
     return scaled.sub_(lse.unsqueeze(-1)).clamp_(min=torch.finfo(scaled.dtype).min)
 
 
-def _forward_chunk(scaled: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(log p of `targets`, entropy, logsumexp) of the scaled logits ``scaled`` ``[..., V]``
-    (float32, consumed in place)."""
+def _forward_chunk(
+    chunk: Tensor, targets: Tensor, temperature: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(log p of `targets`, entropy, logsumexp) of a chunk of logits ``[..., V]`` at
+    `temperature` (in float32 or wider)."""
+    scaled = _scaled(chunk, temperature)
     lse = torch.logsumexp(scaled, dim=-1)
     log_p = _log_softmax_(scaled, lse)
     chosen = log_p.gather(-1, targets).squeeze(-1)
@@ -234,7 +212,7 @@ def _forward_chunk(scaled: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def _backward_chunk(
-    scaled: Tensor,
+    chunk: Tensor,
     targets: Tensor,
     lse: Tensor,
     entropy: Tensor,
@@ -242,13 +220,13 @@ def _backward_chunk(
     grad_entropy: Tensor | None,
     temperature: float,
 ) -> Tensor:
-    """The gradient with respect to the unscaled logits of one chunk, built in place in
-    ``scaled`` (float32 ``[..., V]``); the other tensors are the chunk's rows.
+    """The gradient with respect to a chunk of logits ``[..., V]`` (in float32 or wider,
+    built in place in their scaled copy); the other tensors are the chunk's rows.
 
     With ``p = softmax(x)``, ``x = logits / T`` and entropy ``H = -sum p log p``:
     ``d log p_y / dx = onehot(y) - p`` and ``dH / dx = -p (log p + H)``.
     """
-    log_p = _log_softmax_(scaled, lse)
+    log_p = _log_softmax_(_scaled(chunk, temperature), lse)
     p = log_p.exp()
     # d/dx = -(g_H p (log p + H) + g_y p) + onehot(y) g_y, built in place in log_p.
     # p multiplies before g_H does: log p of an impossible token is clamped to the dtype's
@@ -286,9 +264,9 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         chosen = torch.empty(shape, dtype=dtype, device=logits.device)
         entropy = torch.empty_like(chosen)
         lse = torch.empty_like(chosen)
-        forward_rows, _ = chunk_math(compiled)
+        forward_chunk, _ = chunk_math(compiled)
         for rows in _chunks(scores, chunk_elements):
-            chosen[rows], entropy[rows], lse[rows] = forward_rows(
+            chosen[rows], entropy[rows], lse[rows] = forward_chunk(
                 scores[rows], targets[rows], temperature
             )
         ctx.save_for_backward(logits, input_ids, lse, entropy)
@@ -309,9 +287,9 @@ class _NextTokenLogprobsAndEntropy(torch.autograd.Function):
         if grad_chosen is None and grad_entropy is None:
             return grad, None, None, None, None
         scores, targets = logits[:, :-1], input_ids[:, 1:].long().unsqueeze(-1)
-        _, backward_rows = chunk_math(ctx.compiled)  # type: ignore[attr-defined]
+        _, backward_chunk = chunk_math(ctx.compiled)  # type: ignore[attr-defined]
         for rows in _chunks(scores, ctx.chunk_elements):  # type: ignore[attr-defined]
-            grad[rows, :-1] = backward_rows(
+            grad[rows, :-1] = backward_chunk(
                 scores[rows], targets[rows], lse[rows], entropy[rows],
                 None if grad_chosen is None else grad_chosen[rows],
                 None if grad_entropy is None else grad_entropy[rows],
@@ -377,10 +355,10 @@ class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
         chosen = torch.empty(states.shape[0], dtype=dtype, device=hidden.device)
         entropy, lse = torch.empty_like(chosen), torch.empty_like(chosen)
         weight = head.to(states.dtype)  # once, not per chunk (a copy when the dtypes differ)
-        forward_rows, _ = chunk_math(compiled)
+        forward_chunk, _ = chunk_math(compiled)
         for rows in _token_chunks(states.shape[0], head.shape[0], chunk_elements):
             logits = states[rows] @ weight.t()
-            chosen[rows], entropy[rows], lse[rows] = forward_rows(
+            chosen[rows], entropy[rows], lse[rows] = forward_chunk(
                 logits, targets[rows], temperature
             )
         ctx.save_for_backward(hidden, head, input_ids, lse, entropy)
@@ -411,9 +389,9 @@ class _LinearNextTokenLogprobsAndEntropy(torch.autograd.Function):
         # Accumulated over the chunks in at least float32, as one matmul would.
         accumulate = torch.promote_types(head.dtype, torch.float32)
         grad_head = torch.zeros(head.shape, dtype=accumulate, device=head.device)
-        _, backward_rows = chunk_math(ctx.compiled)  # type: ignore[attr-defined]
+        _, backward_chunk = chunk_math(ctx.compiled)  # type: ignore[attr-defined]
         for rows in _token_chunks(states.shape[0], head.shape[0], ctx.chunk_elements):  # type: ignore[attr-defined]
-            dx = backward_rows(
+            dx = backward_chunk(
                 states[rows] @ weight.t(), targets[rows], lse[rows],
                 entropy[rows], None if g_chosen is None else g_chosen[rows],
                 None if g_entropy is None else g_entropy[rows], temperature,
