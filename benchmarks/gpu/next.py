@@ -84,6 +84,15 @@ def main() -> None:
             "7.6 B parameters, whose 122 GB of offloaded optimizer state leave this 135 GB "
             "host too little for the processes beside it (BENCHMARKS.md)"
         ),
+        "largest_shape_trained": {
+            "params": large["params"],
+            **{k: large["shape"][k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")},
+            "arithmetic": (
+                "offloaded optimizer state is 16 bytes a parameter in host memory: 7.6 B x 16 = "
+                "122 GB for Qwen's 152,064-token vocabulary, with the trainer's and vLLM's "
+                "processes beside it over this 135 GB host; 6.75 B x 16 = 108 GB fits"
+            ),
+        },
         "checkpoint_blocking_seconds_0_5b": stall["checkpoint_blocking_seconds_0_5b"],
         "stall_fraction": stall["stall_fraction"],
         "checkpoint_stall_percent": stall["checkpoint_stall_percent"],
