@@ -277,8 +277,14 @@ class Reconciler:
         else:
             pods = await self.kube.cluster_pods(namespace, name)
         drained: tuple[str, ...] = ()
-        if ray_job is not None and ray_job.active and (on := trainer_nodes(pods or [])):
-            drained = tuple(sorted(on & await self._cordoned_nodes()))
+        # A driver that failed on a cordoned node counts too: the drain evicts the rollout
+        # pods there at once, and a step without engines can fail before the stop request is
+        # heard. Moving off is no restart; its checkpoint is the last step it trained. The
+        # cordon came before that failure, so a list taken before the failure will not do.
+        on = trainer_nodes(pods or [])
+        if on and ray_job is not None and (ray_job.active or ray_job.failed_retryably):
+            since = None if ray_job.active else ray_job.ended or now
+            drained = tuple(sorted(on & await self._cordoned_nodes(listed_after=since)))
         if queued and shell is not None:
             workload_body = await self.kube.get_workload(namespace, names.workload_name(job))
         return Observed(
@@ -307,12 +313,15 @@ class Reconciler:
             apply_error=foreign,
         )
 
-    async def _cordoned_nodes(self) -> frozenset[str]:
-        """The cordoned nodes, shared by every job for a few seconds; none when the operator
-        may not list nodes (node drains are then not seen, which it says once)."""
+    async def _cordoned_nodes(self, listed_after: datetime | None = None) -> frozenset[str]:
+        """The cordoned nodes, shared by every job for a few seconds (and listed after
+        `listed_after`, if given); none when the operator may not list nodes (node drains are
+        then not seen, which it says once)."""
         now = self.clock().timestamp()
-        if self._cordoned is not None and 0 <= now - self._cordoned[0] < CORDONED_NODES_TTL_SECONDS:
-            return self._cordoned[1]
+        cached = self._cordoned
+        after = listed_after.timestamp() if listed_after is not None else float("-inf")
+        if cached is not None and after < cached[0] <= now < cached[0] + CORDONED_NODES_TTL_SECONDS:
+            return cached[1]
         try:
             found = frozenset(await self.kube.cordoned_nodes())
         except ApiException as error:

@@ -20,7 +20,7 @@ from rlhf_operator import names
 from rlhf_operator.queueing import WorkloadView
 from rlhf_operator.texts import CAUSE_LIMIT, MESSAGE_LIMIT
 from rlhfjob.api import RLHFJob
-from rlhfjob.contract import DASHBOARD_ANNOTATION, LeaseReport
+from rlhfjob.contract import DASHBOARD_ANNOTATION, ExitCode, LeaseReport
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract.lease import LEASE_STOP_REQUESTED_AT, parse_time
 
@@ -96,6 +96,11 @@ class RayJobView:
     @property
     def active(self) -> bool:
         return self.status in ("PENDING", "RUNNING")
+
+    @property
+    def failed_retryably(self) -> bool:
+        """The driver failed, and a restart may help (not a non-retryable exit)."""
+        return self.status == "FAILED" and self.exit_code != ExitCode.NON_RETRYABLE
 
 
 @dataclass(frozen=True, kw_only=True)

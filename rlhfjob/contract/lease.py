@@ -137,6 +137,11 @@ class LeaseReport:
         return str(next(f for f in fields(cls) if f.name == name).metadata["key"])
 
     @classmethod
+    def keys(cls) -> frozenset[str]:
+        """Every field's annotation: the part of the Lease a driver reports."""
+        return frozenset(f.metadata["key"] for f in fields(cls))
+
+    @classmethod
     def describe(cls) -> list[tuple[str, str]]:
         """(annotation, meaning) of every field, in order: the table the docs show."""
         return [(f.metadata["key"], f.metadata["doc"]) for f in fields(cls)]

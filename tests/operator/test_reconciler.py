@@ -42,7 +42,7 @@ from rlhf_operator.reconciler import Reconciler
 from rlhf_operator.views import NOT_OWNED, RayJobView, claim, controller_of
 from rlhfjob import contract
 from rlhfjob.config import parse_job
-from rlhfjob.contract import LeaseReport, kueue
+from rlhfjob.contract import ExitCode, LeaseReport, kueue
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract.lease import parse_time
 from rlhfjob.patches import merge_patch
@@ -1260,8 +1260,10 @@ def test_a_cluster_not_ready_yet_is_read_with_its_pods_and_warnings_not_the_leas
 # -- node drains --------------------------------------------------------------------------------
 
 
-def _drain_trainer_node(world: World) -> None:
-    """A running job whose trainer pod's node `kubectl drain` cordons, reconciled once after."""
+def _drain_trainer_node(world: World, driver_exit: ExitCode | None = None) -> None:
+    """A running job whose trainer pod's node `kubectl drain` cordons, reconciled once after
+    (its driver exited with `driver_exit` meanwhile, if given: then a second later, while the
+    cordoned nodes listed a moment before the cordon are still fresh)."""
     world.running()
     world.kube.beat(T0 + timedelta(seconds=2), LeaseReport(step=6, attempt=0))
     for pod in world.kube.pods[NAME]:
@@ -1271,7 +1273,14 @@ def _drain_trainer_node(world: World) -> None:
     world.reconcile(3)
     assert world.status["phase"] == "Running"  # nothing to see: no drain
     world.kube.cordoned = {"gpu-train-1"}  # `kubectl drain gpu-train-1` begins
-    world.reconcile(10)  # after the cordoned nodes' cache ran out
+    if driver_exit is None:
+        world.reconcile(10)  # after the cordoned nodes' cache ran out
+        return
+    ended = T0 + timedelta(seconds=3.5)
+    world.ray.jobs[FIRST_ATTEMPT] = RayJobView(
+        FIRST_ATTEMPT, "FAILED", exit_code=driver_exit, ended=ended
+    )
+    world.reconcile(4)
 
 
 def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
@@ -1289,6 +1298,26 @@ def test_a_cordoned_trainer_node_drains_the_job_onto_a_new_cluster() -> None:
     assert contract.LEASE_STOP_REQUESTED_AT not in world.kube.leases[NAME].metadata.annotations
     assert world.status["phase"] == "Provisioning"
     assert world.status["restartCount"] == 0, "moving off a drained node is not a failure"
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "phase"),
+    [(ExitCode.FAILED, "Provisioning"), (ExitCode.NON_RETRYABLE, "Failed")],
+    ids=["retryable", "non-retryable"],
+)
+def test_a_driver_that_failed_on_a_cordoned_node_moves_off_it_unless_no_restart_could_help(
+    exit_code: ExitCode, phase: str
+) -> None:
+    # Seen in CI: the drain evicted the rollout pods beside the trainer, and the driver, its
+    # engines gone, failed before it heard the stop request. A drain is no failure.
+    world = World()
+    _drain_trainer_node(world, driver_exit=exit_code)
+    assert world.status["phase"] == phase
+    assert world.status.get("restartCount", 0) == 0
+    if exit_code == ExitCode.FAILED:
+        assert f"RayCluster/{NAME}" in world.kube.deleted
+        assert "moving the job off gpu-train-1" in world.status["message"]
+        assert "being drained" in world.condition("TrainerRunning")["message"]
 
 
 def test_a_silent_dashboard_never_ends_a_drain_before_the_trainer_saved_its_step() -> None:

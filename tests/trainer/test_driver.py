@@ -246,10 +246,11 @@ def job_file(
     colocated: bool = False,
     background: bool = False,
     staleness: int = 0,
+    interval: int = 2,
 ) -> Path:
-    """The GRPO example, shortened to 6 steps with a checkpoint every 2, one rollout engine
-    (colocated: one inside each of the 2 trainer ranks); `background`: checkpoints written
-    while training goes on; `staleness`: `algorithm.maxStaleness`."""
+    """The GRPO example, shortened to 6 steps with a checkpoint every `interval`, one rollout
+    engine (colocated: one inside each of the 2 trainer ranks); `background`: checkpoints
+    written while training goes on; `staleness`: `algorithm.maxStaleness`."""
     document = yaml.safe_load(EXAMPLE.read_text())
     spec = document["spec"]
     spec["algorithm"].update(totalSteps=TOTAL_STEPS, maxStaleness=staleness)
@@ -260,7 +261,10 @@ def job_file(
     if min_engines is not None:
         spec["roles"]["rollout"]["minReplicas"] = min_engines
     spec["checkpoint"].update(
-        path=str(directory / "checkpoints"), intervalSteps=2, keepLast=10, background=background
+        path=str(directory / "checkpoints"),
+        intervalSteps=interval,
+        keepLast=10,
+        background=background,
     )
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -402,6 +406,18 @@ def test_stopped_and_resumed_training_equals_uninterrupted_training(
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-6, msg=name)
 
 
+def join_the_jobs_ray(job: Path, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ray.init` in the job's Ray namespace, where its named actors are."""
+    import ray
+
+    from rlhf_trainer.adoption import ray_namespace
+
+    for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
+        monkeypatch.setenv(key, RAY_ENV[key])
+    namespace = ray_namespace(load_job(job), os.environ)
+    ray.init(address=ray_address, namespace=namespace, log_to_driver=False)
+
+
 @pytest.mark.slow
 def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
     ray_address, tmp_path, monkeypatch
@@ -409,18 +425,13 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
     """Kill one of two engines' processes: the driver carries on with one, starts a
     replacement, syncs it and generates with both again; its log and step log say so."""
     ray = pytest.importorskip("ray")
-    from rlhf_trainer.adoption import ray_namespace
 
     job = job_file(tmp_path, engines=2, min_engines=1)
     driver = Driver(job, ray_address)
     log = run_dir(tmp_path) / "metrics.jsonl"
     wait_for(lambda: driver.alive() and log.is_file(), RUN_TIMEOUT_S, "the first step")
 
-    for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
-        monkeypatch.setenv(key, RAY_ENV[key])
-    ray.init(
-        address=ray_address, namespace=ray_namespace(load_job(job), os.environ), log_to_driver=False
-    )
+    join_the_jobs_ray(job, ray_address, monkeypatch)
     try:
         os.kill(ray.get(ray.get_actor("rollout-engine-1").pid.remote()), signal.SIGKILL)
         replacing = "starting rollout engine 2"
@@ -447,6 +458,37 @@ def test_training_goes_on_while_a_rollout_engine_is_lost_and_replaced(
     engines = [r["rollout_engines"] for r in records]
     assert 1 in engines[:-1] and engines[-1] == 2, engines  # one engine for a while, then two
     assert {r["attempt"] for r in records} == {0}
+
+
+@pytest.mark.slow
+def test_below_its_minimum_engines_the_driver_checkpoints_its_last_step_before_it_fails(
+    ray_address, tmp_path, monkeypatch
+):
+    """Both engines must live and one is lost (a node drain evicts the rollout pods at once,
+    the trainer's wait for the checkpoint): the step in flight cannot finish, so the driver
+    checkpoints the last step it trained, off the interval, and fails as retryable: the
+    restart loses no step. Whether the loss shows before the step's update (the step is
+    undone) or after it (the weight sync: the step counts), the checkpoint is the last step
+    in the log."""
+    ray = pytest.importorskip("ray")
+    from trainer.killing import kill_actor
+
+    job = job_file(tmp_path, engines=2, min_engines=2, interval=100)
+    driver = Driver(job, ray_address)
+    log = run_dir(tmp_path) / "metrics.jsonl"
+    wait_for(lambda: driver.alive() and log.is_file(), RUN_TIMEOUT_S, "the first step")
+    driver.process.send_signal(signal.SIGSTOP)  # mid-run, whichever phase it is in
+    join_the_jobs_ray(job, ray_address, monkeypatch)
+    try:
+        kill_actor(ray.get_actor("rollout-engine-1"))
+    finally:
+        driver.process.send_signal(signal.SIGCONT)
+        ray.shutdown()
+    assert driver.wait() == ExitCode.FAILED, driver.output()[-3000:]
+    steps = [r["step"] for r in read_step_log(log)]
+    assert steps == list(range(1, len(steps) + 1)) and steps[-1] < TOTAL_STEPS, steps
+    assert assert_only_complete_checkpoints(tmp_path) == [steps[-1]], driver.output()[-3000:]
+    assert f"no step after {steps[-1]}: " in driver.output()
 
 
 @pytest.mark.slow

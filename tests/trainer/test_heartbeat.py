@@ -211,6 +211,20 @@ def test_a_new_holder_counts_as_a_transition(api: FakeLeaseApi, now: FakeNow) ->
     assert api.lease().spec.acquire_time == now.now - timedelta(seconds=10)
 
 
+def test_a_new_holder_reports_only_its_own_fields(api: FakeLeaseApi, now: FakeNow) -> None:
+    # Seen in CI: the driver after a resize drain inherited its predecessor's saved step, and
+    # the operator's next drain read it as this driver's answer.
+    earlier = LeaseReport(attempt=1, step=10, checkpoint_saved_step=10, phase="exiting")
+    api.add_lease({**earlier.to_annotations(), "team": "a"}, holder="previous-driver")
+    heartbeat = make(api, now)
+    heartbeat.update(attempt=2, step=10)
+    heartbeat.renew()
+    annotations = api.lease().metadata.annotations
+    reported = LeaseReport.from_annotations(annotations)
+    assert reported == LeaseReport(attempt=2, step=10, step_changed=reported.step_changed)
+    assert annotations["team"] == "a"
+
+
 def test_first_holder_is_not_a_transition(api: FakeLeaseApi, now: FakeNow) -> None:
     make(api, now).renew()
     assert api.lease().spec.lease_transitions == 0
@@ -333,7 +347,8 @@ def test_a_request_an_earlier_driver_answered_is_not_obeyed(
     api.add_lease({contract.LEASE_STOP_REQUESTED_AT: REQUESTED,
                    LeaseReport.key("checkpoint_requested_at"): REQUESTED})  # fmt: skip
     heard: list[datetime] = []
-    assert make(api, now, on_stop_request=heard.append).renew()
+    heartbeat = make(api, now, on_stop_request=heard.append)
+    assert heartbeat.renew() and heartbeat.renew()  # its answer carried, so not seen anew
     assert heard == []
     # A new request (a later drain) is.
     api.lease().metadata.annotations[contract.LEASE_STOP_REQUESTED_AT] = "2025-03-01T13:00:00Z"

@@ -156,6 +156,11 @@ class Heartbeat:
             lease.metadata = V1ObjectMeta()
         annotations = dict(lease.metadata.annotations or {})
         self._answer_stop_request(annotations)
+        if lease.spec is None or lease.spec.holder_identity != self.holder_identity:
+            # A new driver: the report is its own from now on, so that an earlier driver's
+            # fields it has not set (a drain's saved step, its engines) do not read as its.
+            reported = LeaseReport.keys()
+            annotations = {k: v for k, v in annotations.items() if k not in reported}
         annotations.update(self.progress.to_annotations())
         lease.metadata.annotations = annotations
 
@@ -174,16 +179,18 @@ class Heartbeat:
         self.client.replace_namespaced_lease(name=self.name, namespace=self.namespace, body=lease)
 
     def _answer_stop_request(self, annotations: dict[str, str]) -> None:
-        """The operator's request to checkpoint and stop, unless this driver or an earlier one
-        already answered it: acknowledge it in this renewal and tell the trainer."""
+        """The operator's request to checkpoint and stop: acknowledged in this renewal and
+        told to the trainer, unless this driver already did. One an earlier driver answered
+        was that driver's: its answer is carried, and the trainer not told."""
         requested = parse_time(annotations.get(contract.LEASE_STOP_REQUESTED_AT))
         if requested is None or self.on_stop_request is None:
             return
-        answered = parse_time(annotations.get(LeaseReport.key("checkpoint_requested_at")))
-        if requested in (answered, self.progress.checkpoint_requested_at):
+        if requested == self.progress.checkpoint_requested_at:
             return
         self.update(checkpoint_requested_at=requested)
-        self.on_stop_request(requested)
+        answered = parse_time(annotations.get(LeaseReport.key("checkpoint_requested_at")))
+        if requested != answered:  # an earlier driver's answer is carried, not obeyed again
+            self.on_stop_request(requested)
 
     def start(self) -> None:
         """Renew once now, then every ``interval_seconds`` from a daemon thread."""

@@ -47,12 +47,15 @@ from rlhf_trainer.batch import Batch, build_batch
 from rlhf_trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
+    RngState,
+    capture_rng_state,
     read_checkpoint,
     restore_rng_state,
 )
 from rlhf_trainer.context import RunContext
 from rlhf_trainer.curves import plot_reward_curve, read_step_log
 from rlhf_trainer.data import DataPosition, PromptIterator
+from rlhf_trainer.elastic import first_line
 from rlhf_trainer.experience import (
     ESTIMATORS,
     Rollout,
@@ -61,8 +64,10 @@ from rlhf_trainer.experience import (
     flatten_completions,
     on_response_columns,
 )
+from rlhf_trainer.fleet import RolloutCapacityError
 from rlhf_trainer.heartbeat import make_heartbeat
 from rlhf_trainer.object_store import TieredCheckpoints
+from rlhf_trainer.reward_models import RewardCapacityError
 from rlhf_trainer.rollout import SamplingParams
 from rlhf_trainer.seeds import generation_seed
 from rlhf_trainer.startup import Inputs as Inputs  # re-exported: callers load inputs from here
@@ -217,6 +222,21 @@ def shaped_rewards(rewards: Tensor, rollout: Rollout, algorithm: AlgorithmSpec) 
     return rewards + penalty
 
 
+CAPACITY_LOST = (RolloutCapacityError, RewardCapacityError)
+"""A role the steps need fell below its minimum (its pods drained or lost): the trainer ranks
+are fine, so the last step trained can still be checkpointed."""
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """What a step changes before its update, as it was when the step began: put back when
+    the step fails before the update, so the trainer is exactly at its last step again."""
+
+    data: DataPosition
+    next_sampled: SampledStep | None
+    rng: RngState
+
+
 @dataclass
 class StepResult:
     step: int
@@ -289,6 +309,8 @@ class Trainer:
         self.next_sampled: SampledStep | None = None
         """The next step's batch, generated ahead (or read back from the checkpoint)."""
         self._ahead_pool: ThreadPoolExecutor | None = None
+        self.capacity_lost: Exception | None = None
+        """Engines lost after a step's update: the step counts, the run stops after it."""
         resume_from = context.resume_from
         self.resume_checkpoint = self._find_checkpoint(resume_from) if resume_from else None
         # Beat from the start: booting the actors can take minutes, and the operator must be
@@ -465,6 +487,7 @@ class Trainer:
         with self.phase(m.PHASE_SYNC):
             self.fleet.maintain()  # engines back from a lost node get the weights first
         sampled = self._take_sample(step)
+        ahead_from = self.data.position
         if self.algorithm.max_staleness and step < self.total_steps:
             self._sample_ahead(step + 1)  # generates while this step scores and updates
         rollout, rewards = sampled.rollout, sampled.rewards
@@ -481,10 +504,15 @@ class Trainer:
         with self.phase(m.PHASE_UPDATE):
             policy_metrics, critic_metrics = self._update(batch)
         self.version += 1
-        if self.ahead is not None:  # the engines must be idle to take the new weights
-            with self.phase(m.PHASE_GENERATE):
-                self.next_sampled, self.ahead = self.ahead.result(), None
-        self.sync_weights()
+        try:
+            if self.ahead is not None:  # the engines must be idle to take the new weights
+                with self.phase(m.PHASE_GENERATE):
+                    self.next_sampled, self.ahead = self.ahead.result(), None
+            self.sync_weights()
+        except CAPACITY_LOST as lost:  # the policy has trained this step: it counts
+            if self.ahead is not None:  # the batch generated ahead is lost, and its prompts
+                self.ahead, self.data = None, self._prompt_iterator(ahead_from)
+            self.capacity_lost = lost
         self.step = step
 
         kl = None
@@ -676,9 +704,20 @@ class Trainer:
         while self.step < self.total_steps and not self.stop.is_set():
             if self.written_checkpoint is not None and self.written_checkpoint.done():
                 self.wait_for_checkpoint()  # written beside the last step: announce it
+            start = StepStart(self.data.position, self.next_sampled, capture_rng_state())
+            try:
+                result = self.run_step()
+            except CAPACITY_LOST as lost:  # before the update: back to the last step
+                self._go_back(start)
+                self._leave(lost)
+                break  # asked to stop: checkpointed below
             # Log the step before checkpointing it, so every checkpointed step has its line
             # (the checkpoint's own time is counted in the next step's record).
-            self.log(progress_line(self.record(self.run_step()), self.total_steps))
+            self.log(progress_line(self.record(result), self.total_steps))
+            if self.capacity_lost is not None:  # after the update: the step counts
+                after_update, self.capacity_lost = self.capacity_lost, None
+                self._leave(after_update)
+                break
             if self.step % interval == 0 or self.step == self.total_steps:
                 self.save_checkpoint(upload=self.step == self.total_steps)
         if self.step > 0 and self.last_saved_step != self.step:
@@ -688,6 +727,34 @@ class Trainer:
         if self.stop_requested_at is not None:
             self.heartbeat.update(checkpoint_saved_step=self.checkpointed_step)
         return self.step >= self.total_steps
+
+    def _go_back(self, start: StepStart) -> None:
+        """A step failed before its update: put back what it took (its prompts, the batch
+        generated ahead, the RNG), so the trainer is exactly at its last step again."""
+        if self.ahead is not None:  # it draws prompts too: let it end before going back
+            with contextlib.suppress(Exception):
+                self.ahead.result()
+            self.ahead = None
+        self.data = self._prompt_iterator(start.data)
+        self.next_sampled = start.next_sampled
+        restore_rng_state(start.rng)
+
+    def _leave(self, lost: Exception) -> None:
+        """A role the steps need fell below its minimum; the trainer ranks are fine and at
+        `step`. Asked to stop (a drain, which evicts the rollout pods on the node at once), the
+        run stops there; else it checkpoints that step, then fails (a restart resumes from
+        it, losing no step)."""
+        self.log(f"no step after {self.step}: {first_line(lost)}")
+        if self.stop.is_set():
+            return
+        if self.step > 0 and self.last_saved_step != self.step:
+            try:
+                self.save_checkpoint(upload=True)
+                self.wait_for_checkpoint()
+                self.finish_uploads()
+            except Exception as error:  # the failure to report is the lost capacity
+                self.log(f"could not checkpoint step {self.step} on the way out: {error}")
+        raise lost
 
     def finish_uploads(self) -> None:
         """Before the driver leaves (the end, a drain, SIGTERM), its last checkpoint reaches the

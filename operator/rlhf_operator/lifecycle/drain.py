@@ -141,5 +141,11 @@ def move_off_drained_nodes(b: PlanBuilder) -> None:
         f"moving the job off {nodes} (being drained); it resumes from its checkpoint",
         reason=EventReason.NODE_DRAINED,
     )
-    b.condition(TRAINER_RUNNING, False, EventReason.NODE_DRAINED)
+    exited = b.seen.ray_job is not None and b.seen.ray_job.failed_retryably
+    b.condition(
+        TRAINER_RUNNING,
+        False,
+        EventReason.NODE_DRAINED,
+        "the trainer exited while its node was being drained" if exited else "",
+    )
     b.condition(CLUSTER_READY, False, EventReason.NODE_DRAINED, f"moving off {nodes}")
