@@ -3,7 +3,9 @@ imported everything already, with the attempt's streams, environment and signals
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -123,6 +125,23 @@ def test_signals_reach_the_attempt_and_it_dies_with_its_process(job_env: dict[st
     child = int(pidfile.read_text())
     process.kill()
     process.wait(timeout=30)
+    wait_for(lambda: not alive(child), 10, "the forked attempt killed")
+
+
+def test_an_attempt_dies_with_its_process_killed_before_it_read_the_childs_pid(
+    job_env: dict[str, str],
+) -> None:
+    """The entrypoint killed between the fork and reading the child's pid (a loaded node):
+    its end resets the connection instead of closing it, and the child still goes."""
+    pidfile = Path(job_env["TMPDIR"]) / "unread.pid"
+    conn = warmstart._connect(start_warm_driver(job_env))
+    request = {"argv": ["train", "wait", str(pidfile)], "env": job_env, "cwd": str(HERE)}
+    with Path(os.devnull).open("r+b") as null:
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [null.fileno()] * 3)
+    wait_for(lambda: pidfile.exists() and bool(pidfile.read_text()), 30, "the attempt")
+    child = int(pidfile.read_text())
+    wait_for(lambda: select.select([conn], [], [], 0)[0], 10, "the pid line, left unread")
+    conn.close()  # what the kernel does to a killed process's socket
     wait_for(lambda: not alive(child), 10, "the forked attempt killed")
 
 

@@ -375,7 +375,7 @@ def _watch(conn: socket.socket, pid: int, ended: socket.socket) -> None:
             status = raw
             break
         ready, _, _ = select.select([conn], [], [], 0.2)
-        if ready and not conn.recv(1):  # the attempt's process is gone
+        if ready and _closed(conn):  # the attempt's process is gone
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
@@ -386,6 +386,15 @@ def _watch(conn: socket.socket, pid: int, ended: socket.socket) -> None:
     conn.close()
     if code in JOB_ENDED_CODES:
         ended.send(b"x")
+
+
+def _closed(conn: socket.socket) -> bool:
+    """Whether the attempt's process closed its end. One that died before it read the "pid"
+    line resets the connection instead (a Unix socket closed with unread data): gone too."""
+    try:
+        return not conn.recv(1)
+    except OSError:
+        return True
 
 
 if __name__ == "__main__":
