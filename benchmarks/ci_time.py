@@ -6,7 +6,8 @@
 Each run clones the commit (HEAD unless ``--commit``) into a fresh directory and runs
 ``bash .ci/run`` there with ``CI=true`` and no standard input, as CI does. A cold run also gets
 a home directory of its own, so Go's module and build caches, uv's and pip's caches, npm's and
-the control plane's binary cache (``~/.cache/rlhfjob``) all start empty. The per-tier minutes
+the control plane's binary cache (``~/.cache/rlhfjob``) all start empty, and Inductor's kernel
+cache (under /tmp, not the home) is a new directory. The per-tier minutes
 come from the run's ``.local/ci-tiers.json`` (`rlhf_local/tiers.py`); failed tests from
 pytest's ``FAILED``/``ERROR`` lines.
 
@@ -56,6 +57,8 @@ def environment(cold: bool, scratch: Path) -> dict[str, str]:
         home = scratch / "home"
         home.mkdir()
         env["HOME"] = str(home)
+        # Inductor's compiled kernels live under /tmp/torchinductor_<user>, not the home.
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "inductor")
     return env
 
 
