@@ -391,7 +391,7 @@ def _health_checks(lay: Layout, ports: dict[str, int]) -> dict[str, Callable[[],
         # Ready once its certificates are in place and its webhook server listens.
         "kueue": ok(f"http://127.0.0.1:{ports['kueue-probe']}/readyz"),
         "standin-ray": lambda: (lay.standin / "ready").exists(),
-        # An authenticated ListBuckets succeeds and writes would not wait (objectstore.ready).
+        # ListBuckets succeeds, writes would not wait, old objects read back (objectstore.ready).
         objectstore.COMPONENT: lambda: objectstore.ready(lay.root),
     }
 

@@ -81,6 +81,11 @@ def job_manifest(name: str, namespace: str, entrypoint: str, **spec: Any) -> dic
     return merge_patch(document, {"spec": spec})
 
 
+def condition_of(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    """The condition of `type_` in a job's status (one read), or None."""
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
+
+
 class Jobs:
     """Reads and writes RLHFJobs in one namespace."""
 
@@ -110,9 +115,7 @@ class Jobs:
         return self.status(name).get("phase")
 
     def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        return next(
-            (c for c in self.status(name).get("conditions", []) if c["type"] == type_), None
-        )
+        return condition_of(self.status(name), type_)
 
     def wait_phase(
         self, name: str, phase: str, timeout: float, operator: OperatorProcess | None = None

@@ -286,14 +286,33 @@ def master_warmed_up(root: Path | None = None) -> bool:
         return False
 
 
+def volumes_registered(root: Path | None = None) -> bool:
+    """Every volume the volume server holds is known to the master, so what was written before
+    a restart reads back. After a start the volume server's first heartbeat can come before
+    the master is leader again, and the next comes seconds later: until then a read of an
+    object on those volumes fails ("volume 9 not found", S3's InternalError)."""
+    ports = read_ports(_layout(root).root)
+    try:
+        status = f"http://127.0.0.1:{_port(ports, 'volume')}/status"
+        with urllib.request.urlopen(status, timeout=3) as answer:
+            held = [volume["Id"] for volume in json.load(answer).get("Volumes") or []]
+        for volume_id in held:
+            lookup = f"http://127.0.0.1:{_port(ports, 'master')}/dir/lookup?volumeId={volume_id}"
+            with urllib.request.urlopen(lookup, timeout=3):
+                pass  # 404 (an HTTPError) while the volume is not registered
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
 def ready(root: Path | None = None) -> bool:
-    """An authenticated ListBuckets succeeds (one try, no retries) and writes would not wait
-    for the master's warm-up."""
+    """An authenticated ListBuckets succeeds (one try, no retries), writes would not wait for
+    the master's warm-up, and what was written before reads back."""
     try:
         client(root, attempts=1).list_buckets()
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
         return False
-    return master_warmed_up(root)
+    return master_warmed_up(root) and volumes_registered(root)
 
 
 def log_tail(root: Path | None = None, lines: int = 40) -> str:

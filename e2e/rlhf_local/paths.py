@@ -16,7 +16,7 @@ import os
 import random
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from types import ModuleType
 
@@ -49,7 +49,7 @@ def state_file(root: Path) -> Path:
 
 #: Linux's default ephemeral range, assumed where /proc does not give the one in force.
 EPHEMERAL_DEFAULT = (32768, 60999)
-#: The lowest port `_free_ports` draws: above the services most machines run and Ray's default
+#: The lowest port `free_listen_ports` draws: above the services most machines run and Ray's default
 #: range for its workers' ports (10002-19999), which a local Ray beside the cluster draws from.
 LISTEN_FLOOR = 20000
 
@@ -74,18 +74,20 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports outside the kernel's ephemeral range.
+def free_listen_ports(count: int, exclude: Collection[int] = ()) -> list[int]:
+    """Distinct free loopback ports outside the kernel's ephemeral range, none in `exclude`.
 
-    The ports are kept for the life of a state dir, so one the kernel may hand to an outgoing
-    connection would sooner or later be taken while its server is down, and SeaweedFS, for one,
-    then listens on the next port up instead of failing. Ports below the ephemeral range are
-    only ever taken by another server."""
+    A port is probed free here and listened on later (the cluster's are kept for the life of a
+    state dir; a Ray node binds its own seconds later; a driver binds the trainer's metrics port
+    at every attempt). One the kernel may hand to an outgoing connection would sooner or later
+    be taken in between ("Address already in use"; SeaweedFS, for one, then listens on the next
+    port up instead of failing). Ports below the ephemeral range are only ever taken by another
+    server."""
     low, high = ephemeral_range()
     pool = range(LISTEN_FLOOR, low) if low - LISTEN_FLOOR >= 1000 else range(high + 1, 65536)
     chosen: list[int] = []
     for port in random.SystemRandom().sample(pool, len(pool)):
-        if port_is_free(port):
+        if port not in exclude and port_is_free(port):
             chosen.append(port)
             if len(chosen) == count:
                 return chosen
@@ -109,11 +111,8 @@ def load_ports(root: Path, names: Iterable[str]) -> dict[str, int]:
     missing = [n for n in names if n not in ports]
     if not missing:
         return ports
-    while True:
-        new = dict(zip(missing, _free_ports(len(missing)), strict=True))
-        if not set(new.values()) & set(ports.values()):
-            break
-    ports.update(new)
+    chosen = free_listen_ports(len(missing), exclude=set(ports.values()))
+    ports.update(zip(missing, chosen, strict=True))
     root.mkdir(parents=True, exist_ok=True)
     state_file(root).write_text(json.dumps({"ports": ports}, indent=2) + "\n")
     return ports

@@ -37,7 +37,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -49,6 +48,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from rlhf_local.paths import free_listen_ports, read_ports
 from rlhf_local.podenv import pod_environment
 from rlhf_operator.names import LABEL_JOB, LABEL_ROLE
 from rlhfjob import contract
@@ -259,19 +259,6 @@ class LocalRay:
         return f"127.0.0.1:{self.gcs_port}"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _answers(url: str, token: str | None) -> bool:
     """Whether `url` answers 200 within 2 s (with the job's Ray token when it has one)."""
     request = urllib.request.Request(
@@ -320,6 +307,19 @@ class StandIn:
         self.stopping = threading.Event()
         self._joining = False  # a worker node is starting but has not registered yet
         self._seq = 0
+        # Ports handed out, never twice; the local cluster's own (its cluster.json, beside
+        # this state dir) from the start: one of its servers may be down (a restart test).
+        self._ports_taken = set(read_ports(state_dir.parent))
+        self._ports_lock = threading.Lock()
+
+    def _free_ports(self, count: int) -> list[int]:
+        """Ports for a Ray node and its pod, probed free and bound later (Ray's seconds later,
+        the trainer's metrics port at each driver attempt): below the kernel's ephemeral range,
+        which any outgoing connection may take meanwhile ("Address already in use")."""
+        with self._ports_lock:
+            ports = free_listen_ports(count, exclude=self._ports_taken)
+            self._ports_taken.update(ports)
+        return ports
 
     # --- processes -------------------------------------------------------------------
 
@@ -363,7 +363,7 @@ class StandIn:
         temp_dir = self.temp_root / f"{self._seq}"
         shutil.rmtree(temp_dir, ignore_errors=True)
         temp_dir.mkdir(parents=True)
-        gcs, dash, client_port, agent, metrics = _free_ports(5)
+        gcs, dash, client_port, agent, metrics = self._free_ports(5)
         head_spec = rc["spec"].get("headGroupSpec", {})
         params = NodeParams.from_start_params(head_spec.get("rayStartParams") or {}, 1)
         argv = [
@@ -392,7 +392,7 @@ class StandIn:
         pod_env[POD_MARKER] = head_pod.metadata.uid
         scrape = {"metrics": metrics}
         if ENV_TRAINER_METRICS_PORT in pod_env:  # the driver's port, on a port of its own here
-            (trainer_port,) = _free_ports(1)
+            (trainer_port,) = self._free_ports(1)
             pod_env[ENV_TRAINER_METRICS_PORT] = str(trainer_port)
             scrape[TRAINER_METRICS_PORT_NAME] = trainer_port
         pid, log_path, offset = self._spawn(label, argv, pod_env)
@@ -440,7 +440,7 @@ class StandIn:
         return local
 
     def _start_worker(self, local: LocalRay, pod: Any, params: NodeParams) -> RayNode:
-        agent, metrics = _free_ports(2)
+        agent, metrics = self._free_ports(2)
         argv = [
             self._ray(),
             "start",

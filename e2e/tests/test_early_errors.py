@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_local import pools
-from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, job_manifest
+from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, condition_of, job_manifest
 from rlhf_local.operator_process import OperatorProcess
 from rlhf_local.testing import LocalCluster, wait_for
 from rlhfjob.valid_cases import SECRET, SECRET_ENV
@@ -169,11 +169,7 @@ def test_pods_kuberay_cannot_create_show_the_cause_within_a_minute(
     assert status["phase"] == "Provisioning", "quota may free up: the job waits for it"
     assert "KubeRay FailedToCreate" in status["message"]
     assert "no-pods" in status["message"]
-    assert _condition(status, "ClusterReady")["status"] == "False"
-
-
-def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+    assert (condition_of(status, "ClusterReady") or {}).get("status") == "False"
 
 
 def _cause_shown(jobs: Jobs, name: str, reason: str, words: str) -> dict[str, Any] | None:
@@ -181,7 +177,7 @@ def _cause_shown(jobs: Jobs, name: str, reason: str, words: str) -> dict[str, An
     the same message. One read: KubeRay retries a refused pod under a new random name, so two
     reads can see two different messages."""
     status = jobs.status(name)
-    ready = _condition(status, "ClusterReady")
+    ready = condition_of(status, "ClusterReady") or {}
     shown = words in status.get("message", "") and ready.get("message") == status["message"]
     return status if shown and ready.get("reason") == reason else None
 
