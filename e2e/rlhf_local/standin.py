@@ -309,7 +309,7 @@ class StandIn:
         self._seq = 0
         # Ports handed out, never twice; the local cluster's own (its cluster.json, beside
         # this state dir) from the start: one of its servers may be down (a restart test).
-        self._ports_taken = set(read_ports(state_dir.parent))
+        self._ports_taken = set(read_ports(state_dir.parent).values())
         self._ports_lock = threading.Lock()
 
     def _free_ports(self, count: int) -> list[int]:
