@@ -1,13 +1,11 @@
-"""The soak's figures (`benchmarks/soak.py`) from step logs and samples made up here: goodput
+"""The soak's figures (`rlhf_local.soak`) from step logs and samples made up here: goodput
 and where the rest went, and the memory growth per hour."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlhf_local.paths import load_benchmark
-
-soak = load_benchmark("soak")
+from rlhf_local import soak
 
 
 def step(number: int, at: float, attempt: int = 0, seconds: float = 1.0) -> dict[str, object]:
@@ -73,3 +71,21 @@ def test_a_drained_job_recovers_with_its_first_step_after_the_drain_same_attempt
     assert soak.recovered_at(Logged(records[:10]), "node_drain", 0, 10.5, 12.0) is None
     # A killed driver's recovery is a new attempt's step: the same log shows none.
     assert soak.recovered_at(Logged(records), "kill_driver", 0, 10.5, 12.0) is None
+
+
+def test_a_short_leak_check_compares_the_last_sample_with_the_first_that_has_the_process() -> None:
+    samples = [
+        {"t": 0.0, "operator": None},  # the API server was the fault of the moment
+        {"t": 1.0, "operator": {"rss_mb": 100.0, "fds": 20, "threads": 12}},
+        {"t": 2.0, "operator": {"rss_mb": 101.0, "fds": 31, "threads": 12}},
+        {"t": 3.0, "operator": {"rss_mb": 101.0, "fds": 23, "threads": 13}},
+    ]
+    assert soak.process_growth(samples, "operator") == {"fds": 3, "threads": 1}
+    assert soak.process_growth(samples[:2], "operator") is None
+
+
+def test_a_plan_strikes_every_fault_in_turn_unless_told_and_refuses_unknown_ones() -> None:
+    assert soak.Plan(10, 2).in_turn == tuple(soak.FAULTS)
+    assert soak.Plan(10, 2, ("kill_driver",)).in_turn == ("kill_driver",)
+    with pytest.raises(ValueError, match="unknown faults \\['reboot'\\]"):
+        soak.Plan(10, 2, ("kill_driver", "reboot"))

@@ -97,6 +97,11 @@ class Jobs:
             api.GROUP, api.VERSION, self.namespace, api.PLURAL, manifest
         )
 
+    def delete(self, name: str) -> None:
+        self.lc.custom.delete_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name
+        )
+
     def get(self, name: str) -> dict[str, Any]:
         job: dict[str, Any] = self.lc.custom.get_namespaced_custom_object(
             api.GROUP, api.VERSION, self.namespace, api.PLURAL, name
