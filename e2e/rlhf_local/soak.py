@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rlhf_local import cluster, faults
+from rlhf_local import cluster, faults, procs
 from rlhf_local.faults import TrainingRecord
 from rlhf_local.harness import wait_for
 from rlhf_local.jobs import Jobs
@@ -119,13 +119,8 @@ def proc_stats(pid: int) -> dict[str, float] | None:
 
 def policy_rank_pid() -> int | None:
     """The policy rank's actor process (Ray titles it `ray::PolicyWorker...`)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if (entry / "cmdline").read_bytes().startswith(b"ray::PolicyWorker"):
-                return int(entry.name)
-    return None
+    found = procs.find_by_cmdline("ray::PolicyWorker")
+    return found[0] if found else None
 
 
 def driver_pid(jobs: Jobs) -> int | None:
