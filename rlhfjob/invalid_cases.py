@@ -248,6 +248,18 @@ INVALID_CASES: list[InvalidCase] = [
         "colocated engines share the ranks' devices",
     ),
     InvalidCase(
+        "partial-rollouts-on-policy",
+        _spec(algorithm={"partialRolloutTokens": 4}),
+        "spec.algorithm.partialRolloutTokens",
+        "it needs maxStaleness >= 1",
+    ),
+    InvalidCase(
+        "partial-rollout-segment-beyond-the-response",
+        _spec(algorithm={"maxStaleness": 1, "maxResponseLength": 16, "partialRolloutTokens": 16}),
+        "spec.algorithm.partialRolloutTokens",
+        "must be fewer than maxResponseLength",
+    ),
+    InvalidCase(
         "colocated-with-min-replicas",
         _role("rollout", placement="colocated", minReplicas=1),
         "spec.roles.rollout.replicas",

@@ -248,6 +248,16 @@ class AlgorithmSpec(ApiModel):
     taken to the policy at the start of the step, and each token is weighted by its
     probability there over the engine's (capped). A sample older than N updates is never
     trained on. Needs engines of their own (roles.rollout.placement disaggregated)."""
+    partial_rollout_tokens: int = Field(default=0, ge=0, le=1048576)
+    """Partial rollouts, with maxStaleness: the batch generated ahead is decoded in segments of
+    this many tokens until the step's update is done; its weights then reach the engines at the
+    next segment boundary and the unfinished responses resume under them (each token keeps the
+    log-prob of the weights that sampled it; a response counts as old as its first token). A
+    sync then waits for one segment, not the rest of the batch, and more of the batch comes
+    from the newer policy; each boundary costs a prefill of the responses so far, and when the
+    update lands depends on timing, so runs are no longer bitwise repeatable (a resumed run
+    still trains on the checkpointed batch). 0: the batch ahead finishes under the weights it
+    started with."""
     dynamic_sampling: DynamicSamplingSpec | None = None
     """Drop groups whose rewards are all equal and sample more prompts instead (DAPO); unset:
     every group trains."""
@@ -321,6 +331,17 @@ class AlgorithmSpec(ApiModel):
             " || self.overlongShaping.bufferLength <= self.maxResponseLength",
             "overlongShaping.bufferLength must not exceed maxResponseLength",
             ".overlongShaping.bufferLength",
+        ),
+        CelRule(
+            "self.partialRolloutTokens == 0 || self.maxStaleness >= 1",
+            "partialRolloutTokens interrupts the batch generated ahead: it needs maxStaleness >= 1",
+            ".partialRolloutTokens",
+        ),
+        CelRule(
+            "self.partialRolloutTokens < self.maxResponseLength",
+            "partialRolloutTokens must be fewer than maxResponseLength (a segment that long is "
+            "the whole response)",
+            ".partialRolloutTokens",
         ),
     )
 

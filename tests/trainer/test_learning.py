@@ -66,17 +66,30 @@ def test_the_tiny_example_learns_its_task(example, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("example", "staleness"), [("grpo-tiny-cpu.yaml", 1), ("ppo-tiny-cpu.yaml", 2)]
+    ("example", "staleness", "segment"),
+    [("grpo-tiny-cpu.yaml", 1, 2), ("ppo-tiny-cpu.yaml", 2, 0)],
+    ids=["grpo-partial-rollouts", "ppo"],
 )
-def test_batches_generated_a_step_ahead_still_learn(example, staleness, tmp_path):
+def test_batches_generated_a_step_ahead_still_learn(example, staleness, segment, tmp_path):
     """`algorithm.maxStaleness`: each step trains on a batch the engines generated while the
-    step before trained, one update behind, with the decoupled objective's weights."""
-    records, max_reward, _ = train_example(example, tmp_path, maxStaleness=staleness)
+    step before trained, one update behind, with the decoupled objective's weights; with
+    partial rollouts (`partialRolloutTokens`) in segments, the update's weights reaching the
+    engines at a boundary when it lands before the batch is done."""
+    records, max_reward, _ = train_example(
+        example, tmp_path, maxStaleness=staleness, partialRolloutTokens=segment
+    )
     rewards = [record["reward_mean"] for record in records]
     assert rewards[-1] >= 0.9 * max_reward, rewards
     assert set(records[0]["staleness"]) == {"0"}  # the first batch is generated on-policy
     assert {lag for record in records[1:] for lag in record["staleness"]} == {"1"}
     assert all(0 < r["policy_behaviour_weight"] < 5 for r in records)
+    # How many responses resumed under the newer weights depends on timing: only its range.
+    batch = sum(records[0]["staleness"].values())
+    resumed = [r.get("resumed_responses") for r in records[1:]]
+    if segment:
+        assert all(n is not None and 0 <= n <= batch for n in resumed), resumed
+    else:
+        assert set(resumed) == {None}
 
 
 def test_gspo_with_dapos_dynamic_sampling_and_overlong_shaping_learns(tmp_path):

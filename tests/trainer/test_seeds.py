@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlhf_trainer.seeds import derive_seed, generation_seed, mix, step_seed
+from rlhf_trainer.seeds import derive_seed, generation_seed, mix, segment_seed, step_seed
 
 
 def test_derived_seeds_keep_their_values() -> None:
@@ -33,3 +33,8 @@ def test_a_steps_first_rollout_keeps_the_step_seed_and_the_others_are_pinned() -
     assert generation_seed(42, 3, 0) == step_seed(42, 3)
     assert generation_seed(42, 3, 1) == mix("rlhf-step", 42, 3, "batch", 1)
     assert generation_seed(42, 3, 1) == 3864085508742287071
+
+
+def test_partial_rollout_segment_seeds_are_pinned_and_distinct() -> None:
+    assert segment_seed(42, 1) == mix("rlhf-segment", 42, 1)
+    assert len({segment_seed(42, segment) for segment in range(1, 9)} | {42}) == 9

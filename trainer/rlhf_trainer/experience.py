@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -83,6 +84,57 @@ def flatten_completions(
     if not any(rollout.logprobs):  # the engines were not asked for them
         rollout.logprobs = []
     return rollout
+
+
+@dataclass(frozen=True)
+class SampledStep:
+    """What a step trains on: its rollout and the rewards its advantages see, plus the reward
+    function's scores of every response it sampled (dropped groups too), which the step
+    reports, and what dynamic sampling did (empty without it)."""
+
+    rollout: Rollout
+    rewards: Tensor
+    task_rewards: Tensor
+    reward_components: dict[str, float]
+    """Each reward part's mean over every sampled response (rollouts are of equal size)."""
+    report: dict[str, int]
+
+
+def save_sampled(sampled: SampledStep, path: Path) -> None:
+    """`sampled` as plain tensors, lists and numbers (read back without unpickling code)."""
+    rollout = sampled.rollout
+    torch.save(
+        {
+            "prompts": rollout.prompts,
+            "responses": rollout.responses,
+            "metadata": rollout.metadata,
+            "policy_versions": rollout.policy_versions,
+            "logprobs": rollout.logprobs,
+            "rewards": sampled.rewards,
+            "task_rewards": sampled.task_rewards,
+            "reward_components": sampled.reward_components,
+            "report": sampled.report,
+        },
+        path,
+    )
+
+
+def load_sampled(path: Path) -> SampledStep:
+    saved = torch.load(path, weights_only=True)
+    rollout = Rollout(
+        saved["prompts"],
+        saved["responses"],
+        saved["metadata"],
+        saved["policy_versions"],
+        saved["logprobs"],
+    )
+    return SampledStep(
+        rollout,
+        saved["rewards"],
+        saved["task_rewards"],
+        saved["reward_components"],
+        saved["report"],
+    )
 
 
 def on_response_columns(

@@ -59,14 +59,18 @@ from rlhf_trainer.elastic import first_line
 from rlhf_trainer.experience import (
     ESTIMATORS,
     Rollout,
+    SampledStep,
     StepScores,
     choose_groups,
     flatten_completions,
+    load_sampled,
     on_response_columns,
+    save_sampled,
 )
 from rlhf_trainer.fleet import RolloutCapacityError
 from rlhf_trainer.heartbeat import make_heartbeat
 from rlhf_trainer.object_store import TieredCheckpoints
+from rlhf_trainer.partial import generate_in_segments
 from rlhf_trainer.reward_models import RewardCapacityError
 from rlhf_trainer.rollout import SamplingParams
 from rlhf_trainer.seeds import generation_seed
@@ -157,57 +161,6 @@ class Scores:
     old_logprobs: Tensor
     ref_logprobs: Tensor | None
     values: Tensor | None
-
-
-@dataclass(frozen=True)
-class SampledStep:
-    """What a step trains on: its rollout and the rewards its advantages see, plus the reward
-    function's scores of every response it sampled (dropped groups too), which the step
-    reports, and what dynamic sampling did (empty without it)."""
-
-    rollout: Rollout
-    rewards: Tensor
-    task_rewards: Tensor
-    reward_components: dict[str, float]
-    """Each reward part's mean over every sampled response (rollouts are of equal size)."""
-    report: dict[str, int]
-
-
-def save_sampled(sampled: SampledStep, path: Path) -> None:
-    """`sampled` as plain tensors, lists and numbers (read back without unpickling code)."""
-    rollout = sampled.rollout
-    torch.save(
-        {
-            "prompts": rollout.prompts,
-            "responses": rollout.responses,
-            "metadata": rollout.metadata,
-            "policy_versions": rollout.policy_versions,
-            "logprobs": rollout.logprobs,
-            "rewards": sampled.rewards,
-            "task_rewards": sampled.task_rewards,
-            "reward_components": sampled.reward_components,
-            "report": sampled.report,
-        },
-        path,
-    )
-
-
-def load_sampled(path: Path) -> SampledStep:
-    saved = torch.load(path, weights_only=True)
-    rollout = Rollout(
-        saved["prompts"],
-        saved["responses"],
-        saved["metadata"],
-        saved["policy_versions"],
-        saved["logprobs"],
-    )
-    return SampledStep(
-        rollout,
-        saved["rewards"],
-        saved["task_rewards"],
-        saved["reward_components"],
-        saved["report"],
-    )
 
 
 def shaped_rewards(rewards: Tensor, rollout: Rollout, algorithm: AlgorithmSpec) -> Tensor:
@@ -309,6 +262,13 @@ class Trainer:
         self.next_sampled: SampledStep | None = None
         """The next step's batch, generated ahead (or read back from the checkpoint)."""
         self._ahead_pool: ThreadPoolExecutor | None = None
+        self._update_done = threading.Event()
+        """Set once this step's update is done: the batch generated ahead in segments
+        (`partialRolloutTokens`) then syncs the weights at its next boundary."""
+        self._synced_ahead = False
+        """Whether that sync happened (then the step does not sync again)."""
+        self._segment_sync_s = 0.0
+        """Seconds such syncs took, which the generation's token rate leaves out."""
         self.capacity_lost: Exception | None = None
         """Engines lost after a step's update: the step counts, the run stops after it."""
         resume_from = context.resume_from
@@ -506,9 +466,11 @@ class Trainer:
         self.version += 1
         try:
             if self.ahead is not None:  # the engines must be idle to take the new weights
+                self._update_done.set()  # (or between segments: `_sync_between_segments`)
                 with self.phase(m.PHASE_GENERATE):
                     self.next_sampled, self.ahead = self.ahead.result(), None
-            self.sync_weights()
+            if not self._synced_ahead:
+                self.sync_weights()
         except CAPACITY_LOST as lost:  # the policy has trained this step: it counts
             if self.ahead is not None:  # the batch generated ahead is lost, and its prompts
                 self.ahead, self.data = None, self._prompt_iterator(ahead_from)
@@ -549,10 +511,23 @@ class Trainer:
         the weights they have, one update behind the step that trains meanwhile."""
         if self._ahead_pool is None:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
-        self.ahead = self._ahead_pool.submit(self._sample, step)
+        self._update_done.clear()
+        self._synced_ahead = False
+        self.ahead = self._ahead_pool.submit(self._sample, step, ahead=True)
 
-    def _sample(self, step: int) -> SampledStep:
-        """This step's rollout and its rewards (with overlong shaping, if the spec asks).
+    def _sync_between_segments(self) -> bool:
+        """At a segment boundary of the batch generated ahead: once the step's update is done,
+        give the engines its weights (once); True from then on."""
+        if self._update_done.is_set() and not self._synced_ahead:
+            started = time.perf_counter()
+            self.sync_weights()
+            self._synced_ahead = True
+            self._segment_sync_s += time.perf_counter() - started
+        return self._synced_ahead
+
+    def _sample(self, step: int, ahead: bool = False) -> SampledStep:
+        """This step's rollout and its rewards (with overlong shaping, if the spec asks);
+        `ahead`: generated while the step before trains (in segments with partial rollouts).
 
         With dynamic sampling (DAPO), groups whose rewards are all equal are dropped and
         further prompts sampled, at most `maxGenerationBatches` rollouts in all; groups still
@@ -566,8 +541,11 @@ class Trainer:
         rewards: list[Tensor] = []
         breakdowns: list[dict[str, float]] = []
         with_signal = 0
+        resumed = 0
+        ahead_in_segments = ahead and algorithm.partial_rollout_tokens > 0
         for index in range(dynamic.max_generation_batches if dynamic else 1):
-            rollout = self._generate(step, index)
+            rollout, resumed_now = self._generate(step, index, ahead)
+            resumed += resumed_now
             with self.phase(m.PHASE_REWARD):
                 if self.actors.reward_models is not None:
                     self.actors.reward_models.maintain()  # replacements rejoin, without waiting
@@ -579,7 +557,8 @@ class Trainer:
             breakdowns.append(dict(self.inputs.reward.last_breakdown))
             rewards.append(shaped_rewards(scored, rollout, algorithm))
             if dynamic is None:
-                return SampledStep(rollout, rewards[0], scored, breakdowns[0], {})
+                report = {"resumed_responses": resumed} if ahead_in_segments else {}
+                return SampledStep(rollout, rewards[0], scored, breakdowns[0], report)
             with_signal += int(groups_with_signal(rewards[-1], group_size).sum())
             if with_signal >= algorithm.prompts_per_step:
                 break
@@ -591,7 +570,7 @@ class Trainer:
             "generation_batches": len(rollouts),
             "dropped_groups": len(signal) - sum(signal),
             "refilled_groups": refilled,
-        }
+        } | ({"resumed_responses": resumed} if ahead_in_segments else {})
         return SampledStep(
             Rollout.concatenate(rollouts).groups(groups, group_size),
             every_reward[rows],
@@ -600,9 +579,10 @@ class Trainer:
             report,
         )
 
-    def _generate(self, step: int, batch: int = 0) -> Rollout:
+    def _generate(self, step: int, batch: int = 0, ahead: bool = False) -> tuple[Rollout, int]:
         """The next `promptsPerStep` prompts, each sampled as often as the algorithm asks
-        (`groupSize`, ppo once), seeded by step and, with dynamic sampling, rollout `batch`."""
+        (`groupSize`, ppo once), seeded by step and, with dynamic sampling, rollout `batch`;
+        and how many responses resumed under newer weights (partial rollouts, `ahead`)."""
         algorithm = self.algorithm
         items = self.data.next_batch(algorithm.prompts_per_step)  # fitted at load (startup)
         sampling = SamplingParams(
@@ -617,8 +597,20 @@ class Trainer:
             logprobs=algorithm.max_staleness > 0,
         )
         with self.phase(m.PHASE_GENERATE):
-            started = time.perf_counter()
-            completions = self.fleet.generate([item.prompt for item in items], sampling)
+            started, synced_before = time.perf_counter(), self._segment_sync_s
+            prompts = [item.prompt for item in items]
+            resumed = 0
+            if ahead and algorithm.partial_rollout_tokens:
+                segmented = generate_in_segments(
+                    self.fleet.generate,
+                    prompts,
+                    sampling,
+                    algorithm.partial_rollout_tokens,
+                    self._sync_between_segments,
+                )
+                completions, resumed = segmented.completions, segmented.resumed
+            else:
+                completions = self.fleet.generate(prompts, sampling)
             if algorithm.stop_strings:  # cut after the token that completes a stop string
                 assert self.inputs.decode is not None  # start-up refuses stop strings without
                 completions = [
@@ -626,8 +618,9 @@ class Trainer:
                     for group in completions
                 ]
         rollout = flatten_completions(items, completions)
-        self.metrics.record_generation(rollout.num_generated_tokens, time.perf_counter() - started)
-        return rollout
+        seconds = time.perf_counter() - started - (self._segment_sync_s - synced_before)
+        self.metrics.record_generation(rollout.num_generated_tokens, seconds)
+        return rollout, resumed
 
     def _score(self, batch: Batch) -> Scores:
         """Old log-probs, reference log-probs and values, computed by the groups side by side."""

@@ -32,3 +32,9 @@ def generation_seed(seed: int, step: int, batch: int) -> int:
     """The sampling seed of rollout `batch` of step `step` (dynamic sampling samples several):
     the step's own seed for the first, so a run without dynamic sampling keeps its samples."""
     return step_seed(seed, step) if batch == 0 else mix("rlhf-step", seed, step, "batch", batch)
+
+
+def segment_seed(seed: int, segment: int) -> int:
+    """The seed of segment `segment` (1, 2, ...) of a partial rollout seeded with `seed`; the
+    first segment keeps `seed` itself."""
+    return mix("rlhf-segment", seed, segment)
