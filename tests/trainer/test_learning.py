@@ -30,11 +30,15 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def train_example(name: str, directory: Path, **algorithm: Any) -> tuple[list[dict], float, Path]:
-    """Run `examples/<name>` (with `algorithm` fields changed) to the end; returns (step
-    records, max reward, run directory)."""
+def train_example(
+    name: str, directory: Path, random_init: dict[str, Any] | None = None, **algorithm: Any
+) -> tuple[list[dict], float, Path]:
+    """Run `examples/<name>` (with `algorithm` and `model.randomInit` fields changed) to the
+    end; returns (step records, max reward, run directory)."""
     document = yaml.safe_load((REPO / "examples" / name).read_text())
     document["spec"]["algorithm"].update(algorithm)
+    if random_init:
+        document["spec"]["model"]["randomInit"].update(random_init)
     document["spec"]["checkpoint"]["path"] = str(directory / "checkpoints")
     job = directory / name
     job.write_text(yaml.safe_dump(document))
@@ -90,6 +94,28 @@ def test_batches_generated_a_step_ahead_still_learn(example, staleness, segment,
         assert all(n is not None and 0 <= n <= batch for n in resumed), resumed
     else:
         assert set(resumed) == {None}
+
+
+def test_partial_rollouts_resume_open_responses_under_the_new_weights(tmp_path):
+    """Responses long enough that generating the batch ahead takes about three times the
+    update: the update lands while it is decoded, the weights are synced at a segment
+    boundary and the open responses resume under them, still one update old by their first
+    token. (Learning with partial rollouts: the parametrized test above.)"""
+    records, _, _ = train_example(
+        "grpo-tiny-cpu.yaml",
+        tmp_path,
+        random_init={"max_position_embeddings": 256},
+        totalSteps=4,
+        promptsPerStep=4,
+        groupSize=4,
+        maxResponseLength=160,
+        maxStaleness=1,
+        partialRolloutTokens=16,
+    )
+    assert [set(r["staleness"]) for r in records] == [{"0"}, {"1"}, {"1"}, {"1"}]
+    resumed = [r["resumed_responses"] for r in records[1:]]
+    assert any(n > 0 for n in resumed) and all(n <= 16 for n in resumed), resumed
+    assert all(r["phase_seconds"].get("sync", 0) > 0 for r in records[:-1])  # one per step
 
 
 def test_gspo_with_dapos_dynamic_sampling_and_overlong_shaping_learns(tmp_path):
