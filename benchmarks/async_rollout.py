@@ -14,6 +14,11 @@ and the update weigh alike) is trained twice with `rlhfjob train` on a local Ray
 * ``final_reward_fraction``: the ahead run's mean reward over its last `LAST_STEPS` steps
   over the task's maximum.
 
+``partial_rollouts``: where generation outweighs the update (responses of 160 tokens, the
+example's small model), the batch ahead decoded whole against in segments of 16 tokens
+(`partialRolloutTokens`): the step time of each, the share of responses that resumed under the
+newer weights, and the behaviour-proximal KL (how far off-policy the trained tokens were).
+
 One trainer rank and one engine, each a process with a core of its own on two cores (the
 driver mostly waits); with more actors than cores the overlap would only move work between
 processes fighting for the same cores.
@@ -43,16 +48,26 @@ GENERATION = ("generate", "reward")
 UPDATE = ("reference", "advantage", "update")
 
 
-def job(directory: Path, staleness: int, steps: int) -> Path:
+OVERLAP_MODEL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4}
+"""The speedup's job: a model large enough that the update weighs about what generation does."""
+PARTIAL_SEGMENT = 16
+PARTIAL_RESPONSE = 160
+
+
+def job(
+    directory: Path,
+    steps: int,
+    model: dict[str, Any],
+    **algorithm: Any,
+) -> Path:
     document = yaml.safe_load((REPO / "examples" / "grpo-tiny-cpu.yaml").read_text())
     spec = document["spec"]
-    spec["model"]["randomInit"].update(hidden_size=128, intermediate_size=256, num_hidden_layers=4)
-    spec["algorithm"].update(totalSteps=steps, maxStaleness=staleness, maxResponseLength=24)
-    spec["model"]["randomInit"]["max_position_embeddings"] = 64
+    spec["model"]["randomInit"].update(model, max_position_embeddings=256)
+    spec["algorithm"].update(totalSteps=steps, **algorithm)
     spec["roles"]["trainer"]["replicas"] = 1
     spec["roles"]["rollout"]["replicas"] = 1  # a core for the rank, one for the engine
     spec["checkpoint"].update(path=str(directory / "checkpoints"), intervalSteps=steps)
-    path = directory / f"job-{staleness}.yaml"
+    path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
 
@@ -82,16 +97,40 @@ def phases(records: list[dict[str, Any]], names: tuple[str, ...]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--partial-steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     from rlhf_trainer.tasks import get_task
 
     runs: dict[str, Any] = {}
+    partial: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rlhfjob-async-") as scratch:
+        for segment in (0, PARTIAL_SEGMENT):
+            directory = Path(scratch) / f"partial-{segment}"
+            directory.mkdir()
+            path = job(
+                directory,
+                args.partial_steps,
+                {},
+                maxStaleness=1,
+                maxResponseLength=PARTIAL_RESPONSE,
+                partialRolloutTokens=segment,
+            )
+            steady = train(path, directory)[WARMUP_STEPS:]
+            partial[str(segment)] = {
+                "step_seconds": statistics.median(r["step_seconds"] for r in steady),
+                "resumed_fraction": statistics.mean(
+                    r.get("resumed_responses", 0) / sum(r["staleness"].values()) for r in steady
+                ),
+                "behaviour_kl": statistics.median(r["policy_behaviour_kl"] for r in steady),
+            }
         for staleness in (0, 1):
             directory = Path(scratch) / str(staleness)
             directory.mkdir()
-            records = train(job(directory, staleness, args.steps), directory)
+            path = job(
+                directory, args.steps, OVERLAP_MODEL, maxStaleness=staleness, maxResponseLength=24
+            )
+            records = train(path, directory)
             steady = records[WARMUP_STEPS:]
             runs[str(staleness)] = {
                 "step_seconds": statistics.median(r["step_seconds"] for r in steady),
@@ -107,7 +146,8 @@ def main() -> int:
     max_reward = get_task("target_token").max_reward
     result = {
         "benchmark": "async-cpu",
-        "command": f"python benchmarks/async_rollout.py --steps {args.steps}",
+        "command": f"python benchmarks/async_rollout.py --steps {args.steps}"
+        f" --partial-steps {args.partial_steps}",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "job": "examples/grpo-tiny-cpu.yaml, hidden 128, 4 layers, responses of 24 tokens, "
@@ -118,6 +158,13 @@ def main() -> int:
         "on_policy_final_reward_fraction": statistics.mean(on_policy["rewards"][-LAST_STEPS:])
         / max_reward,
         "runs": runs,
+        "partial_rollouts": {
+            "job": f"examples/grpo-tiny-cpu.yaml, responses of {PARTIAL_RESPONSE} tokens, "
+            f"maxStaleness 1, 1 trainer rank, 1 engine; key: partialRolloutTokens",
+            "step_time_ratio": partial[str(PARTIAL_SEGMENT)]["step_seconds"]
+            / partial["0"]["step_seconds"],
+            "runs": partial,
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
