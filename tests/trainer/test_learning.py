@@ -115,7 +115,8 @@ def test_partial_rollouts_resume_open_responses_under_the_new_weights(tmp_path):
     assert [set(r["staleness"]) for r in records] == [{"0"}, {"1"}, {"1"}, {"1"}]
     resumed = [r["resumed_responses"] for r in records[1:]]
     assert any(n > 0 for n in resumed) and all(n <= 16 for n in resumed), resumed
-    assert all(r["phase_seconds"].get("sync", 0) > 0 for r in records[:-1])  # one per step
+    # Every step's update reaches the engines, the last one's too (no batch ahead then).
+    assert all(r["weight_sync_bytes"] > 0 for r in records), records
 
 
 def test_gspo_with_dapos_dynamic_sampling_and_overlong_shaping_learns(tmp_path):

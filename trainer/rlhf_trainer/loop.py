@@ -266,7 +266,8 @@ class Trainer:
         """Set once this step's update is done: the batch generated ahead in segments
         (`partialRolloutTokens`) then syncs the weights at its next boundary."""
         self._synced_ahead = False
-        """Whether that sync happened (then the step does not sync again)."""
+        """Whether that sync happened (then the step does not sync again); of the batch ahead
+        being generated, stale once it was taken."""
         self._segment_sync_s = 0.0
         """Seconds such syncs took, which the generation's token rate leaves out."""
         self.capacity_lost: Exception | None = None
@@ -465,11 +466,13 @@ class Trainer:
             policy_metrics, critic_metrics = self._update(batch)
         self.version += 1
         try:
+            synced = False
             if self.ahead is not None:  # the engines must be idle to take the new weights
                 self._update_done.set()  # (or between segments: `_sync_between_segments`)
                 with self.phase(m.PHASE_GENERATE):
                     self.next_sampled, self.ahead = self.ahead.result(), None
-            if not self._synced_ahead:
+                synced = self._synced_ahead
+            if not synced:
                 self.sync_weights()
         except CAPACITY_LOST as lost:  # the policy has trained this step: it counts
             if self.ahead is not None:  # the batch generated ahead is lost, and its prompts
