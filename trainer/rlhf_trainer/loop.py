@@ -511,7 +511,8 @@ class Trainer:
 
     def _sample_ahead(self, step: int) -> None:
         """Start generating (and scoring) step `step`'s batch in a thread; the engines keep
-        the weights they have, one update behind the step that trains meanwhile."""
+        the weights they have, one update behind the step that trains meanwhile (with partial
+        rollouts, until that step's update is done)."""
         if self._ahead_pool is None:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
         self._update_done.clear()
