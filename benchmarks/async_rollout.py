@@ -100,7 +100,7 @@ def main() -> int:
     parser.add_argument("--partial-steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    from rlhf_trainer.tasks import get_task
+    from rlhf_trainer.data.tasks import get_task
 
     runs: dict[str, Any] = {}
     partial: dict[str, Any] = {}

@@ -45,10 +45,10 @@ from typing import Any
 import yaml
 
 from rlhf_local import build, objectstore
-from rlhf_trainer.checkpoint import CheckpointStore
-from rlhf_trainer.curves import read_step_log
-from rlhf_trainer.loop import STEP_LOG
-from rlhf_trainer.object_store import BucketTier, TieredCheckpoints
+from rlhf_trainer.run.curves import read_step_log
+from rlhf_trainer.run.loop import STEP_LOG
+from rlhf_trainer.state.bucket import BucketTier, TieredCheckpoints
+from rlhf_trainer.state.checkpoint import CheckpointStore
 from rlhfjob.api import ENV_OBJECT_STORE_ACCESS_KEY_ID, ENV_OBJECT_STORE_SECRET_ACCESS_KEY
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from rlhf_trainer.curves import read_step_log
-from rlhf_trainer.tasks import get_task
+from rlhf_trainer.data.tasks import get_task
+from rlhf_trainer.run.curves import read_step_log
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"grpo": "examples/grpo-tiny-cpu.yaml", "ppo": "examples/ppo-tiny-cpu.yaml"}

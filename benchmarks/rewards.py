@@ -92,8 +92,8 @@ def timed(fn: Any, repeats: int) -> list[float]:
 
 def bench_scoring(work: Path, batch_sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     from rlhf_local.tiny_models import save_tiny_tokenizer
-    from rlhf_trainer.reward_models import RewardModelScorer
-    from rlhf_trainer.reward_server import make_server
+    from rlhf_trainer.rewards.model import RewardModelScorer
+    from rlhf_trainer.rewards.server import make_server
 
     tokenizer_dir = save_tiny_tokenizer(work / "tokenizer")
     model_dir = save_reward_model(work / "reward-model", tokenizer_dir)
@@ -117,7 +117,7 @@ def bench_scoring(work: Path, batch_sizes: list[int], repeats: int) -> list[dict
 
 def bench_batch(scorer: Any, tokenizer: Any, url: str, batch: int, repeats: int) -> dict[str, Any]:
     """One batch size: the in-process scorer, then the server through either protocol."""
-    from rlhf_trainer.remote_reward import RemoteReward
+    from rlhf_trainer.rewards.remote import RemoteReward
     from rlhfjob.api import RemoteRewardSpec
 
     prompts, responses = texts(batch, 24, 1), texts(batch, 96, 2)
@@ -143,8 +143,8 @@ def bench_batch(scorer: Any, tokenizer: Any, url: str, batch: int, repeats: int)
 
 
 def bench_eos(prompts: int, group: int, max_tokens: int, eos_probability: float) -> dict[str, Any]:
-    from rlhf_trainer.engines import HFEngine, ModelSource
-    from rlhf_trainer.rollout import SamplingParams
+    from rlhf_trainer.rollout.base import SamplingParams
+    from rlhf_trainer.rollout.engines import HFEngine, ModelSource
 
     config = {
         "model_type": "qwen2",

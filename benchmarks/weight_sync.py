@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from rlhf_trainer.weight_sync import (
+from rlhf_trainer.rollout.weight_sync import (
     SyncPlan,
     WeightSyncReceiver,
     WeightSyncSender,

@@ -33,13 +33,13 @@ def test_rows_show_type_default_and_description() -> None:
     assert "At: `spec.roles.reference`, `spec.roles.critic`." in text
 
 
-def test_the_reference_and_the_readme_list_every_algorithm_with_its_paper() -> None:
+def test_the_reference_and_the_training_guide_list_every_algorithm_with_its_paper() -> None:
     reference = docgen.render_reference()
-    readme = (docgen.REPO_ROOT / "README.md").read_text()
+    guide = (docgen.REPO_ROOT / "docs" / "training.md").read_text()
     for table in (api.ADVANTAGE_ESTIMATORS, api.POLICY_LOSSES, api.LOSS_AGGREGATIONS):
         for name, choice in table.items():
             papers = re.findall(r"arXiv:\d{4}\.\d{5}", choice.paper)
             assert papers, name
             assert f"`{name}` ({choice.paper})" in reference, name
-            row = next((line for line in readme.splitlines() if line.startswith(f"| `{name}`")), "")
+            row = next((line for line in guide.splitlines() if line.startswith(f"| `{name}`")), "")
             assert all(paper in row for paper in papers), (name, row)

@@ -17,8 +17,8 @@ import pytest
 from rlhf_local import dashboards
 from rlhf_operator import metrics as operator_metrics
 from rlhf_operator.metrics import OperatorMetrics
-from rlhf_trainer import metrics as trainer_metrics
-from rlhf_trainer.metrics import TrainerMetrics
+from rlhf_trainer.run import metrics as trainer_metrics
+from rlhf_trainer.run.metrics import TrainerMetrics
 
 PATHS = dashboards.paths()
 METRIC = re.compile(r"\b((?:rlhf|ray)_[a-z_]+)\b(\{[^}]*\})?")
@@ -115,8 +115,8 @@ def test_variables_fill_in_as_grafana_would() -> None:
     assert filled == 'rate(x{rlhfjob="a", ns="b"}[30s])'
 
 
-def test_the_readme_lists_every_panel_and_query() -> None:
-    text = dashboards.README.read_text()
-    assert dashboards.readme_with_listing(text) == text, (
-        "README.md's dashboard list is stale: python -m rlhf_local.dashboards write"
+def test_the_operations_page_lists_every_panel_and_query() -> None:
+    text = dashboards.LISTING_PAGE.read_text()
+    assert dashboards.page_with_listing(text) == text, (
+        "docs/operations.md's dashboard list is stale: python -m rlhf_local.dashboards write"
     )

@@ -169,7 +169,7 @@ def enter_shared(self: Any, stream: str) -> dict[str, Any]:
     mode, so no hand-over happens any more), and choose the generation thread's CUDA stream."""
     import torch
 
-    from rlhf_trainer.engines import VLLMEngine
+    from rlhf_trainer.rollout.engines import VLLMEngine
 
     rollout = self.rollout
     rollout.for_training(self.engine)  # the trainer's state home, the engine asleep
@@ -219,9 +219,9 @@ def colocation_report(self: Any) -> dict[str, Any]:
 
 def shared_rollout(policy: Any) -> Any:
     """A `ColocatedRollout` whose generation runs beside the rank's default thread."""
-    from rlhf_trainer.actors import CHECKPOINT_WRITES
-    from rlhf_trainer.colocated import ColocatedRollout
     from rlhf_trainer.elastic import plan_chunks
+    from rlhf_trainer.ranks.actors import CHECKPOINT_WRITES
+    from rlhf_trainer.rollout.colocated import ColocatedRollout
 
     class SharedRollout(ColocatedRollout):
         def __init__(self) -> None:
@@ -260,7 +260,7 @@ def shared_rollout(policy: Any) -> Any:
 
 def timed_trainer_class() -> Any:
     """`Trainer` whose phases also leave their wall-clock intervals and threads behind."""
-    from rlhf_trainer.loop import Trainer
+    from rlhf_trainer.run.loop import Trainer
 
     class TimedTrainer(Trainer):
         intervals: list[dict[str, Any]]
@@ -443,8 +443,8 @@ def bench(args: argparse.Namespace, streams: list[str], began: float) -> None:
     import ray
     import torch
 
-    from rlhf_trainer.data import PromptItem
-    from rlhf_trainer.loop import load_inputs
+    from rlhf_trainer.data.prompts import PromptItem
+    from rlhf_trainer.run.loop import load_inputs
     from rlhfjob.api import RLHFJob
 
     tiny = args.tiny

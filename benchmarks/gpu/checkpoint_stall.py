@@ -3,7 +3,7 @@ memory and written in the background (`checkpoint.background`).
 
     python benchmarks/gpu/checkpoint_stall.py --out DIR     # DIR/gpu-checkpoint-stall.json
 
-One trainer rank as a job runs it (`rlhf_trainer.models.build_causal_lm`, the trainer's
+One trainer rank as a job runs it (`rlhf_trainer.modeling.networks.build_causal_lm`, the trainer's
 DeepSpeed config and stage for one GPU), on the 0.5B shape of `examples/grpo-1gpu.yaml`; it
 reserves its host buffers as a rank does at start, then trains two optimizer steps (so AdamW's
 moments exist). Then, each `--repeats` times:
@@ -48,8 +48,12 @@ def engine_of(shape: str) -> tuple[Any, Any]:
     import deepspeed
     import torch
 
-    from rlhf_trainer.models import build_causal_lm
-    from rlhf_trainer.zero import deepspeed_config, skip_unused_deepspeed_builds, zero_stage
+    from rlhf_trainer.modeling.networks import build_causal_lm
+    from rlhf_trainer.modeling.zero import (
+        deepspeed_config,
+        skip_unused_deepspeed_builds,
+        zero_stage,
+    )
     from rlhfjob.api import AlgorithmSpec, ModelSpec
 
     with socket.socket() as probe:
@@ -87,7 +91,7 @@ def timed(fn: Any) -> float:
 
 def one_round(engine: Any, step: Any, buffers: Any, work: Path) -> dict[str, float]:
     """A save in place; a snapshot; a step alone; the snapshot's write beside a step."""
-    from rlhf_trainer import reshard
+    from rlhf_trainer.state import reshard
 
     save = timed(lambda: reshard.save_engine_state(engine, work / "sync", 0, 1))
     started = time.perf_counter()
@@ -120,7 +124,7 @@ def main() -> None:
 
     import torch
 
-    from rlhf_trainer import reshard
+    from rlhf_trainer.state import reshard
 
     engine, step = engine_of(args.shape)
     buffers = reshard.HostBuffers()

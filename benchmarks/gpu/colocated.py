@@ -189,7 +189,7 @@ def job_document(
                 "dtype": "float32" if tiny else "bfloat16",
             },
             "dataset": {"source": "synthetic:even_tokens"},
-            "reward": {"type": "function", "function": "rlhf_trainer.tasks:even_token_reward"},
+            "reward": {"type": "function", "function": "rlhf_trainer.data.tasks:even_token_reward"},
             "algorithm": {
                 "name": "grpo",
                 "groupSize": group,
@@ -210,7 +210,7 @@ def job_document(
 def synthetic_batch(rows: int, prompt_len: int, seq_len: int, vocab: int, seed: int = 0) -> Any:
     import torch
 
-    from rlhf_trainer.batch import build_batch
+    from rlhf_trainer.algo.batch import build_batch
 
     rng = random.Random(seed)
     prompts = [[rng.randrange(1, vocab) for _ in range(prompt_len)] for _ in range(rows)]
@@ -250,8 +250,10 @@ def update_one(args: argparse.Namespace) -> None:
     """One variant of the update benchmark in this process; prints one JSON line."""
     import torch
 
-    from rlhf_trainer import algorithms as alg
-    from rlhf_trainer.actors import PolicyWorker
+    from rlhf_trainer import masked
+    from rlhf_trainer.algo import formulas as alg
+    from rlhf_trainer.modeling import logprobs as lp
+    from rlhf_trainer.ranks.actors import PolicyWorker
     from rlhfjob.api import RLHFJob
 
     tiny = args.tiny
@@ -285,7 +287,7 @@ def update_one(args: argparse.Namespace) -> None:
     result.update(micro_batch=micro, seq_len=args.seq_len, tokens_per_step=tokens)
     device = torch.device("cpu" if tiny else "cuda")
     if variant.startswith("plain"):
-        from rlhf_trainer.models import build_causal_lm
+        from rlhf_trainer.modeling.networks import build_causal_lm
 
         model = build_causal_lm(spec.model, 0, torch.float32).to(device)
         model.train()
@@ -304,15 +306,15 @@ def update_one(args: argparse.Namespace) -> None:
                         input_ids=chunk.input_ids, attention_mask=chunk.attention_mask
                     ).logits
                 if fused:
-                    logprobs, entropies = alg.next_token_logprobs_and_entropy(
+                    logprobs, entropies = lp.next_token_logprobs_and_entropy(
                         logits, chunk.input_ids, temperature
                     )
-                    alg.masked_mean(entropies.detach(), chunk.action_mask)
+                    masked.masked_mean(entropies.detach(), chunk.action_mask)
                 else:
                     logits = logits[:, :-1]
-                    logprobs = alg.logprobs_from_logits(logits, chunk.input_ids[:, 1:], temperature)
+                    logprobs = lp.logprobs_from_logits(logits, chunk.input_ids[:, 1:], temperature)
                     with torch.no_grad():
-                        alg.masked_entropy(logits, chunk.action_mask, temperature)
+                        lp.masked_entropy(logits, chunk.action_mask, temperature)
                 del logits
                 loss = alg.clipped_policy_loss(
                     logprobs,
@@ -334,7 +336,7 @@ def update_one(args: argparse.Namespace) -> None:
                 update={"random_init": None, "policy": args.policy_dir}
             )
         worker = PolicyWorker(json.dumps(spec.model_dump(mode="json", by_alias=True)), 0, 1)
-        from rlhf_trainer.actors import free_port
+        from rlhf_trainer.ranks.actors import free_port
 
         worker.setup("127.0.0.1", free_port(), 10_000)
         params = sum(
@@ -406,7 +408,7 @@ def save_checkpoint_dir(shape: str, directory: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlhf_trainer.engines import causal_lm_config
+    from rlhf_trainer.rollout.engines import causal_lm_config
 
     if not (directory / "config.json").is_file():
         torch.manual_seed(0)
@@ -513,7 +515,7 @@ def load_ceiling(self: Any, repeats: int, level: int) -> dict[str, Any]:
     product's update finds), and a device-to-device copy of the same bytes."""
     import torch
 
-    from rlhf_trainer.weight_sync import iter_module_parameters
+    from rlhf_trainer.rollout.weight_sync import iter_module_parameters
 
     engine = self.rollout.engine
     self.rollout.for_rollout(self.engine)
@@ -568,7 +570,7 @@ def load_breakdown(self: Any, repeats: int) -> dict[str, Any]:
 
 
 def iter_parameters(module: Any) -> Any:
-    from rlhf_trainer.weight_sync import iter_module_parameters
+    from rlhf_trainer.rollout.weight_sync import iter_module_parameters
 
     return iter_module_parameters(module)
 
@@ -620,10 +622,10 @@ def bench_step(args: argparse.Namespace) -> None:
     import ray
     import torch
 
-    from rlhf_trainer.batch import build_batch
-    from rlhf_trainer.data import PromptItem
-    from rlhf_trainer.loop import Trainer, load_inputs
-    from rlhf_trainer.rollout import SamplingParams
+    from rlhf_trainer.algo.batch import build_batch
+    from rlhf_trainer.data.prompts import PromptItem
+    from rlhf_trainer.rollout.base import SamplingParams
+    from rlhf_trainer.run.loop import Trainer, load_inputs
     from rlhfjob.api import RLHFJob
 
     report = Report(args.out / "step.json", " ".join(sys.argv))
@@ -925,7 +927,7 @@ def bench_job(args: argparse.Namespace) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from rlhf_trainer.engines import causal_lm_config
+        from rlhf_trainer.rollout.engines import causal_lm_config
 
         config = causal_lm_config(model_config("tiny" if args.tiny else "0.5b"))
         torch.manual_seed(0)
@@ -1053,7 +1055,7 @@ def summary(directory: Path) -> None:
             resumed_from=[line for line in resumed if "resuming from" in line][:1],
         )
         job_json.write_text(json.dumps(job, indent=2))
-        from rlhf_trainer.curves import plot_reward_curve
+        from rlhf_trainer.run.curves import plot_reward_curve
 
         plot_reward_curve(steps, directory / "job-reward-curve.png", "grpo-1gpu on one H200")
     parts = {

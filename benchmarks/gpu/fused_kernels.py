@@ -59,13 +59,13 @@ def build_model(shape: str) -> Any:
 
 def logprobs_fn(model: Any, variant: str) -> Callable[[Any], Any]:
     """The variant's per-token log-probs of a micro-batch, ``[B, L - 1]``, with gradients."""
-    from rlhf_trainer import algorithms as alg
+    from rlhf_trainer.modeling import logprobs as lp
 
     if variant != "liger-flce":
 
         def from_logits(chunk: Any) -> Any:
             logits = model(input_ids=chunk.input_ids, attention_mask=chunk.attention_mask).logits
-            logprobs, _ = alg.next_token_logprobs_and_entropy(logits, chunk.input_ids, 1.0)
+            logprobs, _ = lp.next_token_logprobs_and_entropy(logits, chunk.input_ids, 1.0)
             return logprobs
 
         return from_logits
@@ -107,7 +107,7 @@ def patched_modules(model: Any) -> dict[str, str]:
 
 
 def policy_loss(logprobs: Any, chunk: Any, total_tokens: float) -> Any:
-    from rlhf_trainer import algorithms as alg
+    from rlhf_trainer.algo import formulas as alg
 
     loss = alg.clipped_policy_loss(
         logprobs,

@@ -3,11 +3,11 @@
     python benchmarks/gpu/kernels_check.py --out DIR     # DIR/gpu-kernels-check.json
 
 `fused_kernels.py` measured Liger Kernel on a hand-patched model; this checks what a job gets:
-the policy built by `rlhf_trainer.models.build_causal_lm` from a spec with `kernels: eager` and
-with `kernels: liger` (the same seed, so the same weights), each through the plain PyTorch step
-of `colocated.py update` and the trainer's own log-prob and entropy pass. It reports, against
-the eager model in float32 throughout (what both bf16 paths approximate), the largest log-prob
-difference and the largest gradient difference, and the step time of each (median of
+the policy built by `rlhf_trainer.modeling.networks.build_causal_lm` from a spec with `kernels:
+eager` and with `kernels: liger` (the same seed, so the same weights), each through the plain
+PyTorch step of `colocated.py update` and the trainer's own log-prob and entropy pass. It reports,
+against the eager model in float32 throughout (what both bf16 paths approximate), the largest
+log-prob difference and the largest gradient difference, and the step time of each (median of
 `--steps`), so `liger_vs_eager_step_ratio` (eager time over liger's) is measured beside its
 own ceiling run.
 
@@ -32,7 +32,7 @@ def policy(kernels: str, shape: str) -> Any:
     weights (autocast gives the bf16 compute), in training mode."""
     import torch
 
-    from rlhf_trainer.models import build_causal_lm
+    from rlhf_trainer.modeling.networks import build_causal_lm
     from rlhfjob.api import ModelSpec
 
     spec = ModelSpec.model_validate({"randomInit": model_config(shape), "kernels": kernels})

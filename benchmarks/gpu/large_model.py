@@ -72,7 +72,7 @@ def save(args: argparse.Namespace, report: Report) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlhf_trainer.engines import causal_lm_config
+    from rlhf_trainer.rollout.engines import causal_lm_config
 
     shape = {**(TINY if args.tiny else QWEN25_7B), "vocab_size": args.vocab}
     with report.section("save"):
@@ -182,7 +182,7 @@ def job(args: argparse.Namespace, report: Report) -> None:
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     steps = [json.loads(line) for line in lines]
     rows = spec["algorithm"]["promptsPerStep"] * spec["algorithm"]["groupSize"]
-    from rlhf_trainer.tasks import get_task
+    from rlhf_trainer.data.tasks import get_task
 
     prompt_tokens = rows * get_task(spec["dataset"]["source"].split(":", 1)[1]).prompt_length
     rewards = [s["reward_mean"] for s in steps]

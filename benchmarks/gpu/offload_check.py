@@ -57,8 +57,8 @@ def engine(shape: str, offload: bool, micro: int) -> Any:
     import deepspeed
     import torch
 
-    from rlhf_trainer.models import build_causal_lm, with_activation_checkpointing
-    from rlhf_trainer.zero import cpu_adam, deepspeed_config
+    from rlhf_trainer.modeling.networks import build_causal_lm, with_activation_checkpointing
+    from rlhf_trainer.modeling.zero import cpu_adam, deepspeed_config
     from rlhfjob.api import AlgorithmSpec, ModelSpec
 
     algorithm = AlgorithmSpec.model_validate(
@@ -106,7 +106,7 @@ def train_step(trained: Any, tokens: Any) -> dict[str, float]:
 
 
 def state_difference(a: Path, b: Path) -> dict[str, float]:
-    from rlhf_trainer.reshard import read_saved_state, whole_tensors
+    from rlhf_trainer.state.reshard import read_saved_state, whole_tensors
 
     return {
         kind: max(
@@ -118,7 +118,7 @@ def state_difference(a: Path, b: Path) -> dict[str, float]:
 
 
 def checkpoints(report: Report, work: Path) -> None:
-    from rlhf_trainer import reshard
+    from rlhf_trainer.state import reshard
 
     shape, tokens = "0.5b", batch("0.5b", 8, 256)
     progress("building the offloaded engine (CPU Adam built on first use)")

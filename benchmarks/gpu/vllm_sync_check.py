@@ -8,7 +8,7 @@ Runs on one machine with Ray (started here), see docs/gpu-validation.md:
    differences would flip).
 2. A vLLM engine actor from `create_rollout_engines` starts from vLLM's dummy weights.
 3. The trainer opens the weight-sync group (trainer + the engine's workers); weights are
-   gathered a layer at a time and broadcast in buckets (`rlhf_trainer.weight_sync`), several
+   gathered a layer at a time and broadcast in buckets (`rlhf_trainer.rollout.weight_sync`), several
    times; then bare broadcasts of the same bytes on the same group give the ceiling.
 4. Greedy continuations of the same prompts from vLLM (before and after the sync) and from the
    trainer's model are compared token for token; vLLM's log-probs are compared with the
@@ -42,9 +42,9 @@ from typing import Any
 import ray
 import torch
 
-from rlhf_trainer.engines import ModelSource, RolloutEngineActor, create_rollout_engines
-from rlhf_trainer.rollout import SamplingParams
-from rlhf_trainer.weight_sync import Backend, SyncPlan, plan_weight_sync
+from rlhf_trainer.rollout.base import SamplingParams
+from rlhf_trainer.rollout.engines import ModelSource, RolloutEngineActor, create_rollout_engines
+from rlhf_trainer.rollout.weight_sync import Backend, SyncPlan, plan_weight_sync
 
 SHAPES: dict[str, dict[str, Any]] = {
     # The shape of Qwen2.5-0.5B (random weights; nothing is downloaded).
@@ -217,7 +217,7 @@ class ZeroTrainer:
     @torch.no_grad()
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probs (temperature 1) of `completions`."""
-        from rlhf_trainer.algorithms import logprobs_from_logits
+        from rlhf_trainer.modeling.logprobs import logprobs_from_logits
 
         results = []
         for prompt, completion in zip(prompts, completions, strict=True):
@@ -227,12 +227,12 @@ class ZeroTrainer:
         return results
 
     def metadata(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        from rlhf_trainer.weight_sync import zero3_parameter_metadata
+        from rlhf_trainer.rollout.weight_sync import zero3_parameter_metadata
 
         return zero3_parameter_metadata(self.engine.module)
 
     def open_sync(self, world_size: int, backend: Backend, timeout_s: float) -> Any:
-        from rlhf_trainer.weight_sync import WeightSyncSender, default_host
+        from rlhf_trainer.rollout.weight_sync import WeightSyncSender, default_host
 
         device = self.device if backend == "nccl" else torch.device("cpu")
         self.sender = WeightSyncSender(
@@ -246,7 +246,7 @@ class ZeroTrainer:
     def send(self, plan: SyncPlan) -> dict[str, Any]:
         """One sync; ``seconds`` is the sender's own figure, ``synced_seconds`` the same call
         bracketed by device synchronisation (what the bare broadcast is timed with)."""
-        from rlhf_trainer.weight_sync import iter_zero3_parameters
+        from rlhf_trainer.rollout.weight_sync import iter_zero3_parameters
 
         self._synchronize()
         start = time.perf_counter()

@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from rlhf_trainer import warmstart  # the standard library only: `train` may hand over at once
+from rlhf_trainer.run import warmstart  # the standard library only: `train` may hand over at once
 
 
 def _crd(_: argparse.Namespace) -> int:
@@ -110,7 +110,7 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlhf_trainer import driver
+    from rlhf_trainer.run import driver
 
     return driver.main(args)
 
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "never in a real cluster, where whoever can annotate a RayCluster would be sent its token",
     )
     operator.add_argument("--verbose", action="store_true")
-    from rlhf_trainer.driver import add_arguments as add_train_arguments  # torch loads later
+    from rlhf_trainer.run.driver import add_arguments as add_train_arguments  # torch loads later
 
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))
     local = command("local", _local, "the local control plane for development and tests")

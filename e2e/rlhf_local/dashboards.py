@@ -1,8 +1,9 @@
 """The chart's Grafana dashboards as data: their panels, queries and variables.
 
 Shared by the dashboard linter (`tests/test_dashboards.py`), the e2e check that runs every query
-on a real Prometheus (`e2e/tests/test_faults.py`) and the README's list of panels, which
-``python -m rlhf_local.dashboards write`` regenerates (``check`` fails when it is stale).
+on a real Prometheus (`e2e/tests/test_faults.py`) and the list of panels in
+`docs/operations.md`, which ``python -m rlhf_local.dashboards write`` regenerates (``check``
+fails when it is stale).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 from rlhf_local.paths import REPO_ROOT
 
 DASHBOARD_DIR = REPO_ROOT / "charts" / "rlhfjob" / "dashboards"
-README = REPO_ROOT / "README.md"
+LISTING_PAGE = REPO_ROOT / "docs" / "operations.md"
+"""The page that lists every dashboard's panels and queries, between BEGIN and END."""
 BEGIN = "<!-- dashboards: begin (python -m rlhf_local.dashboards write) -->"
 END = "<!-- dashboards: end -->"
 RATE_INTERVAL = "$__rate_interval"
@@ -70,7 +72,7 @@ def variables(dashboard: dict[str, Any]) -> list[str]:
 
 
 def listing() -> str:
-    """Markdown: each dashboard's panels and their queries, as the README shows them."""
+    """Markdown: each dashboard's panels and their queries, as `LISTING_PAGE` shows them."""
     out = []
     for path in paths():
         dashboard = load(path)
@@ -92,20 +94,20 @@ def listing() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def readme_with_listing(text: str) -> str:
+def page_with_listing(text: str) -> str:
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     return text[:start] + "\n\n" + listing() + "\n" + text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
     mode = (argv if argv is not None else sys.argv[1:]) or ["check"]
-    text = README.read_text()
-    wanted = readme_with_listing(text)
+    text = LISTING_PAGE.read_text()
+    wanted = page_with_listing(text)
     if mode == ["write"]:
-        README.write_text(wanted)
+        LISTING_PAGE.write_text(wanted)
         return 0
     if wanted != text:
-        print("README.md's dashboard list is stale: python -m rlhf_local.dashboards write")
+        print("docs/operations.md's dashboard list is stale: python -m rlhf_local.dashboards write")
         return 1
     return 0
 

@@ -275,7 +275,7 @@ class TrainingRecord:
 
     def checkpoint_steps(self) -> list[int]:
         """Steps of the checkpoints that verify (manifest, sizes and hashes)."""
-        from rlhf_trainer.checkpoint import STEP_DIR_PREFIX, CheckpointError, read_checkpoint
+        from rlhf_trainer.state.checkpoint import STEP_DIR_PREFIX, CheckpointError, read_checkpoint
 
         steps = []
         for path in sorted(self.run_dir.glob(f"{STEP_DIR_PREFIX}*")):

@@ -36,7 +36,7 @@ environment installs it editable), and a restart imports it again: run a long so
 clone you do not edit meanwhile (`git clone . /tmp/soak && cd /tmp/soak && task soak`). One run
 that shared its checkout with a change to the API's models had its restarted driver under
 another spec digest, which found the actors the killed one left invisible (that case is now
-handled: `rlhf_trainer.adoption.kill_actors_of_other_specs`).
+handled: `rlhf_trainer.ranks.adoption.kill_actors_of_other_specs`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The bucket tier of checkpoints against a real S3 server (the local cluster's SeaweedFS).
 
-`rlhf_trainer.object_store` alone, no training: checkpoints written by the volume's store are
+`rlhf_trainer.state.bucket` alone, no training: checkpoints written by the volume's store are
 uploaded, and what a resume may choose is checked after the failures an upload meets. An
 upload cut short (files, no manifest) and a checkpoint whose object was overwritten are never
 used; the newest complete one is; a re-upload of a step is incomplete until it ends; pruning
@@ -17,8 +17,8 @@ import pytest
 
 from rlhf_local import objectstore
 from rlhf_local.testing import LocalCluster
-from rlhf_trainer.checkpoint import MANIFEST_FILE, CheckpointStore
-from rlhf_trainer.object_store import BucketTier, TieredCheckpoints, Uploader
+from rlhf_trainer.state.bucket import BucketTier, TieredCheckpoints, Uploader
+from rlhf_trainer.state.checkpoint import MANIFEST_FILE, CheckpointStore
 
 pytestmark = pytest.mark.e2e
 

@@ -37,7 +37,7 @@ from rlhf_local.prometheus import Prometheus
 from rlhf_local.standin import SCRAPE_TARGETS
 from rlhf_local.testing import LocalCluster, wait_for
 from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
-from rlhf_trainer.object_store import BucketTier
+from rlhf_trainer.state.bucket import BucketTier
 from rlhfjob.contract.kuberay import RAY_CLUSTERS, RAY_GROUP, RAY_VERSION
 
 pytestmark = pytest.mark.e2e
@@ -310,7 +310,7 @@ def reward_model_spec(directory: Path) -> dict[str, Any]:
             "type": "combined",
             "function": None,
             "components": [
-                {"function": "rlhf_trainer.tasks:target_token_reward"},
+                {"function": "rlhf_trainer.data.tasks:target_token_reward"},
                 {"type": "model", "weight": 0.1},
             ],
         },

@@ -4,7 +4,7 @@ chooses between (advantage estimators, policy losses, loss aggregations).
 Each name is declared here once, with what it does and the paper it follows. The API's enums,
 the field descriptions (so `kubectl explain` and docs/api-reference.md), and the CEL rules that
 depend on what an estimator needs all come from these tables; the trainer registers one
-implementation per name (`rlhf_trainer.experience`, `rlhf_trainer.losses`) and a unit test holds
+implementation per name (`rlhf_trainer.algo.experience`, `rlhf_trainer.algo.losses`) and a unit test holds
 the registries equal to them. No torch here: the operator imports the API.
 """
 
@@ -351,6 +351,11 @@ class AlgorithmSpec(ApiModel):
         low = self.clip_range if self.clip_range_low is None else self.clip_range_low
         high = self.clip_range if self.clip_range_high is None else self.clip_range_high
         return low, high
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """Responses sampled per prompt: `groupSize` for a grouped estimator, else one."""
+        return self.group_size if ADVANTAGE_ESTIMATORS[self.name].samples_groups else 1
 
     @property
     def effective_loss_aggregation(self) -> LossAggregationName:

@@ -117,7 +117,7 @@ class ModelSpec(ApiModel):
 
 SYNTHETIC_TASKS = ("copy_first", "even_tokens", "target_token")
 """The synthetic tasks the trainer has (`dataset.source: synthetic:<task>`): the API refuses
-another at apply, and `rlhf_trainer.tasks` implements exactly these (a unit test holds both)."""
+another at apply, and `rlhf_trainer.data.tasks` implements exactly these (a unit test holds both)."""
 
 
 class DatasetSpec(ApiModel):

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.actors import WorkerGroup, ZeroWorker, rank_name
-from rlhf_trainer.adoption import (
+from rlhf_trainer.ranks.actors import WorkerGroup, ZeroWorker, rank_name
+from rlhf_trainer.ranks.adoption import (
     DEFAULT_ADOPT_TIMEOUT_S,
     ENV_ADOPT_TIMEOUT,
     adoption_timeout_s,
@@ -22,8 +22,8 @@ from rlhf_trainer.adoption import (
     spec_digest,
     spec_json,
 )
-from rlhf_trainer.engines import engine_id_from_name, engine_name
-from rlhf_trainer.startup import adopt, adopt_group, engine_launcher
+from rlhf_trainer.rollout.engines import engine_id_from_name, engine_name
+from rlhf_trainer.run.startup import adopt, adopt_group, engine_launcher
 from rlhfjob.api import ray_resource
 from rlhfjob.config import load_job
 from rlhfjob.contract import ENV_JOB_NAME, ENV_JOB_NAMESPACE

@@ -1,7 +1,7 @@
 """The algorithms against the reference implementations they follow, on random inputs.
 
 Each reference is re-stated here in a few lines from its source (file and function named in a
-comment; read, not copied), independently of `rlhf_trainer.algorithms`, and compared on seeded
+comment; read, not copied), independently of `rlhf_trainer.algo.formulas`, and compared on seeded
 random tensors with tight tolerances. verl is volcengine/verl, TRL huggingface/trl, OpenRLHF
 OpenRLHF/OpenRLHF.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf_trainer import algorithms as alg
+from rlhf_trainer.algo import formulas as alg
 
 GROUP = 4
 SEQUENCES = 24

@@ -1,4 +1,4 @@
-"""Every formula in rlhf_trainer.algorithms against numbers worked out by hand.
+"""Every formula in rlhf_trainer.algo.formulas against numbers worked out by hand.
 
 Each test writes its arithmetic in comments so a reader can check the expected values without
 running anything. Tolerances only absorb float32 rounding and the tiny eps terms.
@@ -11,7 +11,9 @@ import math
 import pytest
 import torch
 
-from rlhf_trainer import algorithms as alg
+from rlhf_trainer import masked
+from rlhf_trainer.algo import formulas as alg
+from rlhf_trainer.modeling import logprobs as lp
 
 
 def close(actual: torch.Tensor, expected: list[float] | float, atol: float = 1e-5) -> None:
@@ -27,57 +29,57 @@ def test_masked_sum_and_mean_over_everything_and_per_row() -> None:
     values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1, 1, 0], [0, 1, 1]])
     # kept: 1 + 2 + 5 + 6 = 14 over 4 elements
-    close(alg.masked_sum(values, mask), 14.0)
-    close(alg.masked_mean(values, mask), 3.5)
+    close(masked.masked_sum(values, mask), 14.0)
+    close(masked.masked_mean(values, mask), 3.5)
     # per row: (1 + 2) / 2 = 1.5 and (5 + 6) / 2 = 5.5
-    close(alg.masked_sum(values, mask, dim=-1), [3.0, 11.0])
-    close(alg.masked_mean(values, mask, dim=-1), [1.5, 5.5])
+    close(masked.masked_sum(values, mask, dim=-1), [3.0, 11.0])
+    close(masked.masked_mean(values, mask, dim=-1), [1.5, 5.5])
 
 
 def test_masked_mean_of_an_all_masked_row_is_zero_not_nan() -> None:
     values = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     mask = torch.tensor([[0, 0], [1, 0]])
-    close(alg.masked_mean(values, mask, dim=-1), [0.0, 3.0])
-    close(alg.masked_mean(values, torch.zeros_like(mask)), 0.0)
+    close(masked.masked_mean(values, mask, dim=-1), [0.0, 3.0])
+    close(masked.masked_mean(values, torch.zeros_like(mask)), 0.0)
 
 
 def test_junk_in_masked_out_positions_does_not_leak() -> None:
     # padding log-probs can be -inf or NaN; they must be selected away, not multiplied by 0
     values = torch.tensor([[1.0, float("-inf")], [3.0, float("nan")]])
     mask = torch.tensor([[1, 0], [1, 0]])
-    close(alg.masked_mean(values, mask), 2.0)
-    close(alg.masked_sum(values, mask, dim=-1), [1.0, 3.0])
-    close(alg.masked_whiten(values, mask, eps=0.0), [[-1.0, 0.0], [1.0, 0.0]])
+    close(masked.masked_mean(values, mask), 2.0)
+    close(masked.masked_sum(values, mask, dim=-1), [1.0, 3.0])
+    close(masked.masked_whiten(values, mask, eps=0.0), [[-1.0, 0.0], [1.0, 0.0]])
 
 
 def test_masked_mean_accepts_boolean_masks() -> None:
     values = torch.tensor([2.0, 4.0, 100.0])
-    close(alg.masked_mean(values, torch.tensor([True, True, False])), 3.0)
+    close(masked.masked_mean(values, torch.tensor([True, True, False])), 3.0)
 
 
 def test_masked_var_population_and_unbiased() -> None:
     values = torch.tensor([1.0, 2.0, 3.0, 10.0])
     mask = torch.tensor([1, 1, 1, 0])
     # mean of kept = 2; squared errors 1, 0, 1 -> sum 2; population 2/3, unbiased 2/2
-    close(alg.masked_var(values, mask), 2.0 / 3.0)
-    close(alg.masked_var(values, mask, unbiased=True), 1.0)
+    close(masked.masked_var(values, mask), 2.0 / 3.0)
+    close(masked.masked_var(values, mask, unbiased=True), 1.0)
 
 
 def test_masked_whiten_uses_only_masked_in_statistics() -> None:
     values = torch.tensor([1.0, 2.0, 3.0, 10.0])
     mask = torch.tensor([1, 1, 1, 0])
     # mean 2, var 2/3, std sqrt(2/3) = 0.816497 -> (1-2)/0.816497 = -1.224745; padding -> 0
-    close(alg.masked_whiten(values, mask, eps=0.0), [-1.224745, 0.0, 1.224745, 0.0])
+    close(masked.masked_whiten(values, mask, eps=0.0), [-1.224745, 0.0, 1.224745, 0.0])
     # shift_mean=False adds the mean (2) back: only the scale changes
     close(
-        alg.masked_whiten(values, mask, shift_mean=False, eps=0.0),
+        masked.masked_whiten(values, mask, shift_mean=False, eps=0.0),
         [0.775255, 2.0, 3.224745, 0.0],
     )
 
 
 def test_masked_whiten_of_constant_values_is_zero() -> None:
     # var 0 -> (x - mean) = 0 everywhere; eps keeps the division finite
-    close(alg.masked_whiten(torch.tensor([5.0, 5.0]), torch.tensor([1, 1])), [0.0, 0.0])
+    close(masked.masked_whiten(torch.tensor([5.0, 5.0]), torch.tensor([1, 1])), [0.0, 0.0])
 
 
 # ---------------------------------------------------------------------- log-probs and entropy
@@ -87,21 +89,21 @@ def test_logprobs_from_logits_gathers_the_chosen_token() -> None:
     # logits = log([1, 2, 3]) -> probabilities [1/6, 2/6, 3/6]
     logits = torch.log(torch.tensor([[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]]))
     token_ids = torch.tensor([[2, 0]])
-    close(alg.logprobs_from_logits(logits, token_ids), [[math.log(0.5), math.log(1 / 6)]])
+    close(lp.logprobs_from_logits(logits, token_ids), [[math.log(0.5), math.log(1 / 6)]])
 
 
 def test_logprobs_from_logits_with_temperature() -> None:
     # logits / 2 = log(sqrt([1, 2, 3])) -> weights [1, 1.414214, 1.732051], total 4.146264;
     # token 2: log(1.732051 / 4.146264) = log(0.417738) = -0.872902
     logits = torch.log(torch.tensor([[1.0, 2.0, 3.0]]))
-    close(alg.logprobs_from_logits(logits, torch.tensor([2]), temperature=2.0), [-0.872902])
+    close(lp.logprobs_from_logits(logits, torch.tensor([2]), temperature=2.0), [-0.872902])
 
 
 def test_logprobs_from_logits_matches_log_softmax_for_low_precision_input() -> None:
     logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     ids = torch.tensor([[0, 3, 6], [1, 1, 5]])
     reference = torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(alg.logprobs_from_logits(logits, ids), reference)
+    torch.testing.assert_close(lp.logprobs_from_logits(logits, ids), reference)
 
 
 def test_token_entropy() -> None:
@@ -110,7 +112,7 @@ def test_token_entropy() -> None:
     uniform = torch.zeros(4)
     skewed = torch.log(torch.tensor([1.0, 3.0, 0.0, 0.0]).clamp(min=1e-30))
     logits = torch.stack([uniform, skewed]).unsqueeze(0)  # [1, 2, 4]
-    close(alg.token_entropy(logits), [[1.386294, 0.562335]])
+    close(lp.token_entropy(logits), [[1.386294, 0.562335]])
 
 
 def test_entropy_uses_the_sampling_temperature() -> None:
@@ -118,18 +120,18 @@ def test_entropy_uses_the_sampling_temperature() -> None:
     # entropy 0.065773 + 0.251387 + 0.123895 = 0.441055 (-ln p = 4.142931, 2.142931, 0.142931)
     # (the raw logits' entropy, 0.832405, describes another distribution)
     logits = torch.tensor([[[0.0, 1.0, 2.0]]])
-    close(alg.token_entropy(logits, temperature=0.5), [[0.441055]])
-    close(alg.masked_entropy(logits, torch.tensor([[1]]), temperature=0.5), 0.441055)
-    close(alg.token_entropy(logits), [[0.832405]])
+    close(lp.token_entropy(logits, temperature=0.5), [[0.441055]])
+    close(lp.masked_entropy(logits, torch.tensor([[1]]), temperature=0.5), 0.441055)
+    close(lp.token_entropy(logits), [[0.832405]])
 
 
 def test_masked_entropy_averages_masked_in_positions_only() -> None:
     logits = torch.stack([torch.zeros(4), torch.tensor([1.0, 3.0, 0.0, 0.0]).log()]).unsqueeze(0)
     # only the uniform position is kept -> ln 4
-    close(alg.masked_entropy(logits, torch.tensor([[1, 0]])), 1.386294)
+    close(lp.masked_entropy(logits, torch.tensor([[1, 0]])), 1.386294)
     # both kept: (1.386294 + 0.562335) / 2 = 0.974315
-    close(alg.masked_entropy(logits, torch.tensor([[1, 1]])), 0.974315)
-    close(alg.masked_entropy(logits, torch.tensor([[0, 0]])), 0.0)
+    close(lp.masked_entropy(logits, torch.tensor([[1, 1]])), 0.974315)
+    close(lp.masked_entropy(logits, torch.tensor([[0, 0]])), 0.0)
 
 
 def test_fused_next_token_logprobs_and_entropy_by_hand() -> None:
@@ -138,7 +140,7 @@ def test_fused_next_token_logprobs_and_entropy_by_hand() -> None:
     # log-prob ln(1/3) = -1.098612, entropy ln 3 = 1.098612. The last position scores nothing.
     logits = torch.tensor([[[0.0, 1.0, 2.0], [5.0, 5.0, 5.0], [9.0, 0.0, 0.0]]])
     ids = torch.tensor([[7, 2, 0]])
-    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, ids, temperature=0.5)
+    logprobs, entropy = lp.next_token_logprobs_and_entropy(logits, ids, temperature=0.5)
     close(logprobs, [[-0.142931, -1.098612]])
     close(entropy, [[0.441055, 1.098612]])
 
@@ -147,7 +149,7 @@ def test_fused_next_token_logprobs_and_entropy_of_an_impossible_token() -> None:
     # A -inf logit has probability 0: it adds nothing to the entropy (0 log 0 = 0), and its
     # gradient is finite; an unfused log-softmax times its exp would give NaN.
     logits = torch.tensor([[[0.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]]], requires_grad=True)
-    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    logprobs, entropy = lp.next_token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
     close(entropy, [[math.log(2)]])
     close(logprobs, [[math.log(0.5)]])
     (grad,) = torch.autograd.grad(logprobs.sum() + entropy.sum(), logits)
@@ -162,7 +164,7 @@ def test_fused_backward_at_an_impossible_token_is_finite_for_any_entropy_gradien
     # entropy gradient above 1 before being multiplied by p = 0, it overflowed to -inf and
     # 0 * inf made the whole row's gradient NaN. p log p is 0 there: multiply by p first.
     logits = torch.tensor([[[0.0, 1.0, float("-inf")], [0.0, 0.0, 0.0]]], requires_grad=True)
-    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    logprobs, entropy = lp.next_token_logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
     (grad,) = torch.autograd.grad(logprobs.sum() + entropy_weight * entropy.sum(), logits)
     assert torch.isfinite(grad).all(), grad
     assert grad[0, 0, 2] == 0  # an impossible token gets no gradient
@@ -187,7 +189,7 @@ def test_fused_next_token_logprobs_and_entropy_equal_the_unfused_forms_and_gradi
     def objective(logprobs: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
         return (logprobs * weights[0]).sum() + (entropy * weights[1]).sum()
 
-    fused = alg.next_token_logprobs_and_entropy(logits, ids, temperature, chunk_elements)
+    fused = lp.next_token_logprobs_and_entropy(logits, ids, temperature, chunk_elements)
     (fused_grad,) = torch.autograd.grad(objective(*fused), logits)
     scores = logits[:, :-1].double() / temperature
     log_p = torch.log_softmax(scores, dim=-1)
@@ -206,17 +208,17 @@ def test_fused_next_token_logprobs_and_entropy_of_bfloat16_logits() -> None:
     logits = torch.randn(2, 4, 9, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     logits.requires_grad_(True)
     ids = torch.tensor([[0, 3, 6, 8], [1, 1, 5, 2]])
-    logprobs, entropy = alg.next_token_logprobs_and_entropy(logits, ids)
+    logprobs, entropy = lp.next_token_logprobs_and_entropy(logits, ids)
     assert logprobs.dtype == entropy.dtype == torch.float32
-    torch.testing.assert_close(logprobs, alg.logprobs_from_logits(logits[:, :-1], ids[:, 1:]))
-    torch.testing.assert_close(entropy, alg.token_entropy(logits[:, :-1]))
+    torch.testing.assert_close(logprobs, lp.logprobs_from_logits(logits[:, :-1], ids[:, 1:]))
+    torch.testing.assert_close(entropy, lp.token_entropy(logits[:, :-1]))
     (grad,) = torch.autograd.grad(logprobs.sum(), logits)
     assert grad.dtype == torch.bfloat16
 
 
 def test_fused_next_token_logprobs_and_entropy_names_bad_shapes() -> None:
     with pytest.raises(ValueError, match=r"logits must be \[B, L, V\]"):
-        alg.next_token_logprobs_and_entropy(torch.zeros(4, 9), torch.zeros(4, dtype=torch.long))
+        lp.next_token_logprobs_and_entropy(torch.zeros(4, 9), torch.zeros(4, dtype=torch.long))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -233,11 +235,11 @@ def test_the_head_fused_form_equals_the_model_heads_logits_scored_and_their_grad
     def objective(logprobs: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
         return (logprobs * weights[0]).sum() + (entropy * weights[1]).sum()
 
-    fused = alg.linear_next_token_logprobs_and_entropy(
+    fused = lp.linear_next_token_logprobs_and_entropy(
         hidden, head, ids, temperature, chunk_elements
     )
     fused_grads = torch.autograd.grad(objective(*fused), (hidden, head))
-    unfused = alg.next_token_logprobs_and_entropy(hidden @ head.t(), ids, temperature)
+    unfused = lp.next_token_logprobs_and_entropy(hidden @ head.t(), ids, temperature)
     unfused_grads = torch.autograd.grad(objective(*unfused), (hidden, head))
     for mine, theirs in zip((*fused, *fused_grads), (*unfused, *unfused_grads), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-12)
@@ -250,7 +252,8 @@ def test_the_head_fused_form_passes_gradcheck() -> None:
     head = torch.randn(5, 3, dtype=torch.float64, generator=generator, requires_grad=True)
     ids = torch.randint(0, 5, (2, 4), generator=generator)
     assert torch.autograd.gradcheck(
-        lambda h, w: alg.linear_next_token_logprobs_and_entropy(h, w, ids, 0.8, 10), (hidden, head)
+        lambda h, w: lp.linear_next_token_logprobs_and_entropy(h, w, ids, 0.8, 10),
+        (hidden, head),
     )
 
 
@@ -261,8 +264,8 @@ def test_the_head_fused_form_in_bfloat16_is_the_bfloat16_heads_within_rounding()
     hidden = torch.randn(2, 7, 16, generator=generator).to(torch.bfloat16).requires_grad_(True)
     head = torch.randn(50, 16, generator=generator).to(torch.bfloat16).requires_grad_(True)
     ids = torch.randint(0, 50, (2, 7), generator=generator)
-    fused = alg.linear_next_token_logprobs_and_entropy(hidden, head, ids, chunk_elements=100)
-    unfused = alg.next_token_logprobs_and_entropy(hidden @ head.t(), ids)
+    fused = lp.linear_next_token_logprobs_and_entropy(hidden, head, ids, chunk_elements=100)
+    unfused = lp.next_token_logprobs_and_entropy(hidden @ head.t(), ids)
     assert fused[0].dtype == torch.float32
     for mine, theirs in zip(fused, unfused, strict=True):
         torch.testing.assert_close(mine, theirs)  # the same bf16 logits: equal values
@@ -291,8 +294,8 @@ def test_compiled_chunk_math_gives_the_eager_values_and_gradients(device: str) -
 
     def run(compiled: bool, which: slice) -> list[torch.Tensor]:
         logits = (hidden @ head.t()).detach().requires_grad_(True)
-        plain = alg.next_token_logprobs_and_entropy(logits, ids, 0.7, 100, compiled=compiled)
-        fused = alg.linear_next_token_logprobs_and_entropy(
+        plain = lp.next_token_logprobs_and_entropy(logits, ids, 0.7, 100, compiled=compiled)
+        fused = lp.linear_next_token_logprobs_and_entropy(
             hidden, head, ids, 0.7, 100, compiled=compiled
         )
         loss = sum(t.sum() for t in (*plain[which], *fused[which]))
@@ -301,16 +304,16 @@ def test_compiled_chunk_math_gives_the_eager_values_and_gradients(device: str) -
     for which in (slice(0, 2), slice(0, 1)):
         for mine, theirs in zip(run(True, which), run(False, which), strict=True):
             torch.testing.assert_close(mine, theirs)  # float32 or bf16 rounding
-    assert alg.chunk_math(True) is alg.chunk_math(True)  # compiled once per process
+    assert lp.chunk_math(True) is lp.chunk_math(True)  # compiled once per process
 
 
 def test_the_head_fused_form_names_bad_shapes() -> None:
     with pytest.raises(ValueError, match=r"hidden must be \[B, L, H\]"):
-        alg.linear_next_token_logprobs_and_entropy(
+        lp.linear_next_token_logprobs_and_entropy(
             torch.zeros(4, 9), torch.zeros(5, 9), torch.zeros(4, dtype=torch.long)
         )
     with pytest.raises(ValueError, match=r"head must be \[V, 9\]"):
-        alg.linear_next_token_logprobs_and_entropy(
+        lp.linear_next_token_logprobs_and_entropy(
             torch.zeros(1, 4, 9), torch.zeros(5, 8), torch.zeros(1, 4, dtype=torch.long)
         )
 

@@ -9,18 +9,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlhf_trainer import algorithms as alg  # noqa: E402
-from rlhf_trainer.batch import PAD_TOKEN_ID, ShardPlan, build_batch  # noqa: E402
-from rlhf_trainer.data import PromptItem  # noqa: E402
-from rlhf_trainer.elastic import split_evenly  # noqa: E402
-from rlhf_trainer.experience import (  # noqa: E402
+from rlhf_trainer import masked  # noqa: E402
+from rlhf_trainer.algo import formulas as alg  # noqa: E402
+from rlhf_trainer.algo.batch import PAD_TOKEN_ID, ShardPlan, build_batch  # noqa: E402
+from rlhf_trainer.algo.experience import (  # noqa: E402
     flatten_completions,
     grpo_advantages,
     ppo_advantages,
 )
-from rlhf_trainer.rollout import Completion  # noqa: E402
+from rlhf_trainer.data.prompts import PromptItem  # noqa: E402
+from rlhf_trainer.elastic import split_evenly  # noqa: E402
+from rlhf_trainer.modeling.zero import deepspeed_config, lr_multiplier  # noqa: E402
+from rlhf_trainer.rollout.base import Completion  # noqa: E402
 from rlhf_trainer.seeds import step_seed  # noqa: E402
-from rlhf_trainer.zero import deepspeed_config, lr_multiplier  # noqa: E402
 from rlhfjob.api import AlgorithmSpec  # noqa: E402
 
 
@@ -112,7 +113,9 @@ def deepspeed_gradient_weighting(batch, plan: ShardPlan) -> float:
         total = 0.0
         for micro in plan.shard(batch, rank).micro_batches(plan.micro_batch_size):
             tokens = float(micro.action_mask.sum())
-            mean = float(alg.masked_mean(micro.fields["value"], micro.action_mask)) if tokens else 0
+            mean = (
+                float(masked.masked_mean(micro.fields["value"], micro.action_mask)) if tokens else 0
+            )
             total += mean * tokens * scale / plan.accumulation_steps
         per_rank.append(total)
     return sum(per_rank) / plan.world_size
@@ -124,7 +127,7 @@ def test_one_rank_of_2k_rows_steps_like_two_ranks_of_k_rows(rows):
     count, padding and uneven micro-batches included: per-token means are weighted by their
     tokens, not averaged per micro-batch or per rank."""
     batch = random_batch(rows, seed=rows)
-    whole_mean = float(alg.masked_mean(batch.fields["value"], batch.action_mask))
+    whole_mean = float(masked.masked_mean(batch.fields["value"], batch.action_mask))
     for world in (1, 2, 3, 4):
         got = deepspeed_gradient_weighting(batch, ShardPlan(rows, world, micro_batch_size=4))
         assert got == pytest.approx(whole_mean, rel=1e-5), world
@@ -225,8 +228,8 @@ def test_ppo_advantages_are_whitened_gae_and_returns_are_not():
     )
     raw, expected_returns = alg.gae_advantages(token_rewards, values, mask, 1.0, 0.9)
     torch.testing.assert_close(returns, expected_returns)
-    torch.testing.assert_close(advantages, alg.masked_whiten(raw, mask))
-    assert float(alg.masked_mean(advantages, mask)) == pytest.approx(0.0, abs=1e-6)
+    torch.testing.assert_close(advantages, masked.masked_whiten(raw, mask))
+    assert float(masked.masked_mean(advantages, mask)) == pytest.approx(0.0, abs=1e-6)
 
 
 @pytest.mark.parametrize(

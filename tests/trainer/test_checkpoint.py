@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf_trainer import checkpoint as ckpt
-from rlhf_trainer.checkpoint import CheckpointError, CheckpointStore
+from rlhf_trainer.state import checkpoint as ckpt
+from rlhf_trainer.state.checkpoint import CheckpointError, CheckpointStore
 
-LOGGER = "rlhf_trainer.checkpoint"
+LOGGER = "rlhf_trainer.state.checkpoint"
 
 
 def write_checkpoint(store: CheckpointStore, step: int, payload: bytes = b"weights") -> Path:
@@ -364,7 +364,7 @@ def test_an_imported_copy_appears_only_once_every_hash_verifies(tmp_path: Path) 
 )
 @pytest.mark.attack(
     "a checkpoint manifest whose paths leave the checkpoint directory",
-    "the manifest check: plain relative paths only (rlhf_trainer.checkpoint)",
+    "the manifest check: plain relative paths only (rlhf_trainer.state.checkpoint)",
 )
 def test_a_manifest_path_that_could_leave_its_checkpoint_is_refused(
     tmp_path: Path, listed: object
@@ -399,13 +399,13 @@ def test_resume_refuses_a_manifest_that_lists_a_file_outside_and_falls_back(
 
 @pytest.mark.attack(
     "a bucket manifest that makes the download write outside the volume",
-    "the manifest check before any download (rlhf_trainer.checkpoint)",
+    "the manifest check before any download (rlhf_trainer.state.checkpoint)",
 )
 def test_a_bucket_manifest_cannot_make_the_download_write_outside_the_volume(
     tmp_path: Path,
 ) -> None:
     """The download writes only where `contained_path` allows, before asking the bucket."""
-    from rlhf_trainer.object_store import BucketTier, Uploaded
+    from rlhf_trainer.state.bucket import BucketTier, Uploaded
 
     class RecordingClient:
         """Stands in for boto3's client: records what it was asked to write, writes nothing."""

@@ -1,5 +1,6 @@
-"""A rank's colocated engine (`rlhf_trainer.colocated.ColocatedEngine`) on the CPU: the weight
-load reaches the engine exactly, every time, with the garbage collector paused while it runs."""
+"""A rank's colocated engine (`rlhf_trainer.rollout.colocated.ColocatedEngine`) on the CPU: the
+weight load reaches the engine exactly, every time, with the garbage collector paused while it
+runs."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlhf_trainer.colocated import ColocatedEngine  # noqa: E402
-from rlhf_trainer.models import build_causal_lm  # noqa: E402
+from rlhf_trainer.modeling.networks import build_causal_lm  # noqa: E402
+from rlhf_trainer.rollout.colocated import ColocatedEngine  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-colocated-cpu.yaml"

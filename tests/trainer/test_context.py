@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_trainer.adoption import DEFAULT_ADOPT_TIMEOUT_S, ENV_ADOPT_TIMEOUT, ray_namespace
-from rlhf_trainer.context import ENV_ACTOR_LOGS, ENV_METRICS_PORT, ENV_RAY_ADDRESS, RunContext
+from rlhf_trainer.ranks.adoption import DEFAULT_ADOPT_TIMEOUT_S, ENV_ADOPT_TIMEOUT, ray_namespace
+from rlhf_trainer.run.context import ENV_ACTOR_LOGS, ENV_METRICS_PORT, ENV_RAY_ADDRESS, RunContext
 from rlhfjob import contract
 from rlhfjob.config import load_job
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.data import (
+from rlhf_trainer.data.prompts import (
     DataPosition,
     PromptItem,
     PromptIterator,
@@ -17,7 +17,7 @@ from rlhf_trainer.data import (
     load_prompts,
     synthetic_prompts,
 )
-from rlhf_trainer.tasks import get_task
+from rlhf_trainer.data.tasks import get_task
 
 
 class FakeCharTokenizer:

@@ -32,10 +32,10 @@ import yaml
 torch = pytest.importorskip("torch")
 
 import rlhfjob_cli as cli  # noqa: E402
-from rlhf_trainer.checkpoint import TEMP_DIR_PREFIX, CheckpointStore, read_checkpoint  # noqa: E402
-from rlhf_trainer.curves import plot_reward_curve, read_step_log  # noqa: E402
-from rlhf_trainer.driver import final_status, local_ray_resources  # noqa: E402
-from rlhf_trainer.loop import progress_line  # noqa: E402
+from rlhf_trainer.run.curves import plot_reward_curve, read_step_log  # noqa: E402
+from rlhf_trainer.run.driver import final_status, local_ray_resources  # noqa: E402
+from rlhf_trainer.run.loop import progress_line  # noqa: E402
+from rlhf_trainer.state.checkpoint import TEMP_DIR_PREFIX, CheckpointStore, read_checkpoint  # noqa: E402
 from rlhfjob.api import ray_resource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
 from rlhfjob.contract import ENV_ATTEMPT as ATTEMPT  # noqa: E402
@@ -103,7 +103,7 @@ def test_a_job_whose_reward_function_is_missing_fails_as_non_retryable(tmp_path,
 
 
 def test_a_model_config_that_cannot_load_is_non_retryable_unless_the_check_is_left_out():
-    from rlhf_trainer.loop import NonRetryableError, check_model_config, load_inputs
+    from rlhf_trainer.run.loop import NonRetryableError, check_model_config, load_inputs
 
     spec = load_job(EXAMPLE).spec
     model = spec.model.model_copy(update={"random_init": {"model_type": "no-such-model"}})
@@ -123,7 +123,7 @@ def test_lengths_beyond_the_models_context_window_are_non_retryable(tmp_path):
     and a saved model's config.json."""
     from transformers import Qwen2Config
 
-    from rlhf_trainer.loop import NonRetryableError, check_model_config
+    from rlhf_trainer.run.loop import NonRetryableError, check_model_config
 
     spec = load_job(EXAMPLE).spec
     long = spec.algorithm.model_copy(update={"max_prompt_length": 512, "max_response_length": 513})
@@ -140,7 +140,7 @@ def test_lengths_beyond_the_models_context_window_are_non_retryable(tmp_path):
 def test_a_ray_version_other_than_the_images_is_non_retryable() -> None:
     """KubeRay starts the cluster for `rayVersion`; another minor release than the image's
     Ray cannot work, a patch release can."""
-    from rlhf_trainer.startup import NonRetryableError, check_ray_version
+    from rlhf_trainer.run.startup import NonRetryableError, check_ray_version
 
     spec = load_job(EXAMPLE).spec
     check_ray_version(spec)  # the default is the pinned Ray
@@ -317,7 +317,7 @@ def assert_only_complete_checkpoints(directory: Path) -> list[int]:
 
 def final_policy(directory: Path) -> dict[str, torch.Tensor]:
     """The policy parameters of the step-N checkpoint, whole, from the ranks' parts."""
-    from rlhf_trainer.reshard import whole_tensors
+    from rlhf_trainer.state.reshard import whole_tensors
 
     return whole_tensors(CheckpointStore(run_dir(directory)).step_dir(TOTAL_STEPS) / "policy")
 
@@ -410,7 +410,7 @@ def join_the_jobs_ray(job: Path, ray_address: str, monkeypatch: pytest.MonkeyPat
     """`ray.init` in the job's Ray namespace, where its named actors are."""
     import ray
 
-    from rlhf_trainer.adoption import ray_namespace
+    from rlhf_trainer.ranks.adoption import ray_namespace
 
     for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
         monkeypatch.setenv(key, RAY_ENV[key])

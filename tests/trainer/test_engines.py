@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from rlhf_trainer.algorithms import logprobs_from_logits
-from rlhf_trainer.engines import (
+from rlhf_trainer.modeling.logprobs import logprobs_from_logits
+from rlhf_trainer.rollout.base import Completion, SamplingParams
+from rlhf_trainer.rollout.engines import (
     HFEngine,
     ModelSource,
     VLLMEngine,
     VLLMWorkerExtension,
 )
-from rlhf_trainer.rollout import Completion, SamplingParams
 from rlhf_trainer.seeds import derive_seed
 
 TINY_QWEN2 = {
@@ -168,7 +168,7 @@ def test_derived_seeds_are_stable_and_distinct() -> None:
 @pytest.mark.slow
 def test_create_rollout_engines_places_actors_on_the_rollout_resource() -> None:
     ray = pytest.importorskip("ray")
-    from rlhf_trainer.engines import create_rollout_engines
+    from rlhf_trainer.rollout.engines import create_rollout_engines
     from rlhfjob.api import RolloutRoleSpec, ray_resource
 
     resource = ray_resource("rollout")
@@ -266,7 +266,7 @@ def test_vllm_engine_starts_llm_for_token_ids_and_maps_sampling(fake_vllm: None)
     assert isinstance(llm, FakeLLM)
     assert llm.kwargs["skip_tokenizer_init"] is True
     assert llm.kwargs["load_format"] == "dummy"  # config only: real weights come by sync
-    assert llm.kwargs["worker_extension_cls"] == "rlhf_trainer.engines.VLLMWorkerExtension"
+    assert llm.kwargs["worker_extension_cls"] == "rlhf_trainer.rollout.engines.VLLMWorkerExtension"
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs"
     assert (llm.kwargs["dtype"], llm.kwargs["enforce_eager"]) == ("bfloat16", True)
     config = json.loads((Path(llm.kwargs["model"]) / "config.json").read_text())
@@ -304,7 +304,7 @@ def test_vllm_engine_starts_llm_for_token_ids_and_maps_sampling(fake_vllm: None)
 
 
 def test_vllm_engine_receives_a_sync_inside_its_worker(fake_vllm: None) -> None:
-    from rlhf_trainer.weight_sync import WeightSyncSender, plan_weight_sync, tensor_metadata
+    from rlhf_trainer.rollout.weight_sync import WeightSyncSender, plan_weight_sync, tensor_metadata
 
     engine = VLLMEngine(ModelSource(config=TINY_QWEN2))
     llm = engine._llm

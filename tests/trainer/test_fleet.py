@@ -116,7 +116,7 @@ def spec(ray_cluster: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def policy(spec: Any) -> Iterator[Any]:
-    from rlhf_trainer.actors import PolicyWorker, WorkerGroup
+    from rlhf_trainer.ranks.actors import PolicyWorker, WorkerGroup
 
     group = WorkerGroup(PolicyWorker, spec, "trainer", spec.roles.trainer, 10).wait_ready()
     yield group
@@ -125,8 +125,8 @@ def policy(spec: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def make_fleet(spec: Any, policy: Any) -> Iterator[Callable[..., tuple[Any, Recorder]]]:
-    from rlhf_trainer.engines import EngineLauncher, ModelSource
-    from rlhf_trainer.fleet import RolloutFleet
+    from rlhf_trainer.rollout.engines import EngineLauncher, ModelSource
+    from rlhf_trainer.rollout.fleet import RolloutFleet
 
     fleets: list[Any] = []
 
@@ -161,7 +161,7 @@ PROMPTS = [[1 + i, 2 + i, 3] for i in range(8)]
 
 
 def sampling() -> Any:
-    from rlhf_trainer.rollout import SamplingParams
+    from rlhf_trainer.rollout.base import SamplingParams
 
     return SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=7)
 
@@ -235,7 +235,7 @@ def test_an_engine_lost_inside_a_sync_is_dropped_and_the_sync_redone(ray_cluster
 
 @pytest.mark.slow
 def test_without_spare_engines_a_loss_fails_the_step(ray_cluster, make_fleet):
-    from rlhf_trainer.fleet import RolloutCapacityError
+    from rlhf_trainer.rollout.fleet import RolloutCapacityError
 
     fleet, recorder = make_fleet(minimum=2)  # minReplicas unset: every replica is needed
     fleet.sync(1)

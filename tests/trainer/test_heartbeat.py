@@ -11,8 +11,8 @@ import pytest
 from kubernetes.client import ApiClient, V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException
 
-from rlhf_trainer import heartbeat as hb
-from rlhf_trainer.heartbeat import Heartbeat, NoopHeartbeat, make_heartbeat
+from rlhf_trainer.run import heartbeat as hb
+from rlhf_trainer.run.heartbeat import Heartbeat, NoopHeartbeat, make_heartbeat
 from rlhfjob import contract
 from rlhfjob.contract import LeaseReport
 

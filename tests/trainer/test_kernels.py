@@ -19,14 +19,14 @@ pytest.importorskip("liger_kernel")
 from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN  # noqa: E402
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
-from rlhf_trainer.models import (  # noqa: E402
+from rlhf_trainer.modeling.networks import (  # noqa: E402
     KernelsError,
     build_causal_lm,
     build_critic,
     build_reference,
     check_kernels,
 )
-from rlhf_trainer.startup import NonRetryableError, check_model_config  # noqa: E402
+from rlhf_trainer.run.startup import NonRetryableError, check_model_config  # noqa: E402
 from rlhfjob.api import LIGER_MODEL_TYPES  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
 

@@ -22,8 +22,8 @@ pytest.importorskip("torch")
 pytest.importorskip("ray")
 pytest.importorskip("deepspeed")
 
-from rlhf_trainer.curves import read_step_log
-from rlhf_trainer.tasks import get_task
+from rlhf_trainer.data.tasks import get_task
+from rlhf_trainer.run.curves import read_step_log
 
 pytestmark = pytest.mark.slow
 
@@ -200,7 +200,7 @@ def rule_and_reward_model(directory: Path) -> tuple[dict[str, Any], float]:
     prefers the token "4", re-tokenizing with its own tokenizer). Returns the spec sections and
     the best mean reward a policy can reach (every response 8 "4"s)."""
     from rlhf_local.tiny_models import save_tiny_reward_model, save_tiny_tokenizer
-    from rlhf_trainer.reward_models import RewardModelScorer
+    from rlhf_trainer.rewards.model import RewardModelScorer
 
     (directory / "fours.py").write_text(
         "def fours(response_texts):\n"

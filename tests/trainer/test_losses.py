@@ -7,15 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_trainer import algorithms as alg
-from rlhf_trainer.batch import ShardPlan
-from rlhf_trainer.experience import (
+from rlhf_trainer import masked
+from rlhf_trainer.algo import formulas as alg
+from rlhf_trainer.algo.batch import ShardPlan
+from rlhf_trainer.algo.experience import (
     ESTIMATORS,
     Rollout,
     StepScores,
     choose_groups,
 )
-from rlhf_trainer.losses import BEHAVIOUR_WEIGHT_CAP, PolicyObjective
+from rlhf_trainer.algo.losses import BEHAVIOUR_WEIGHT_CAP, PolicyObjective
 from rlhfjob.api import AlgorithmSpec
 
 ROWS, LENGTH = 10, 7
@@ -95,7 +96,7 @@ def test_the_default_objective_is_the_clipped_token_mean_loss_with_kl_and_entrop
         logprobs, fields["old_logprobs"], fields["advantages"], mask, clip_range=0.2
     )
     kl = alg.kl_loss(logprobs, fields["ref_logprobs"], mask, "k3")
-    entropy = alg.masked_mean(entropies, mask)
+    entropy = masked.masked_mean(entropies, mask)
     expected = policy.loss + 0.05 * kl - 0.01 * entropy
     assert torch.equal(got.loss, expected)
     assert got.units == float(mask.sum())

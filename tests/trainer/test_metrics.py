@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlhf_trainer import metrics as m
-from rlhf_trainer.metrics import TrainerMetrics, serve_metrics
+from rlhf_trainer.run import metrics as m
+from rlhf_trainer.run.metrics import TrainerMetrics, serve_metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

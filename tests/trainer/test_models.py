@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from rlhf_trainer.engines import HFEngine, ModelSource  # noqa: E402
-from rlhf_trainer.models import build_causal_lm, build_critic, build_reference  # noqa: E402
+from rlhf_trainer.modeling.networks import build_causal_lm, build_critic, build_reference  # noqa: E402
+from rlhf_trainer.rollout.engines import HFEngine, ModelSource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
@@ -57,7 +57,7 @@ def test_random_init_is_drawn_in_float32_then_cast() -> None:
 def test_activation_checkpointing_recomputes_each_layer_and_keeps_the_gradients() -> None:
     """`model.activationCheckpointing`: each decoder layer runs again in the backward pass,
     and the gradients are those of the plain model."""
-    from rlhf_trainer.models import with_activation_checkpointing
+    from rlhf_trainer.modeling.networks import with_activation_checkpointing
 
     spec = load_job(EXAMPLE).spec
     input_ids = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -86,8 +86,8 @@ def test_activation_checkpointing_recomputes_each_layer_and_keeps_the_gradients(
 def test_fused_logprobs_score_the_models_own_logits_and_hand_back_its_head() -> None:
     """`model.fusedLogprobs` through the whole model (tied embeddings, padding): the same
     log-probs, entropies and gradients as its logits scored; the head is the class's again."""
-    from rlhf_trainer.actors import next_token_scores
-    from rlhf_trainer.batch import build_batch
+    from rlhf_trainer.algo.batch import build_batch
+    from rlhf_trainer.ranks.actors import next_token_scores
 
     spec = load_job(EXAMPLE).spec
     model = build_causal_lm(spec.model, 3).double()
@@ -110,9 +110,9 @@ def test_fused_logprobs_score_the_models_own_logits_and_hand_back_its_head() -> 
 
 
 def test_fused_logprobs_refuse_a_head_with_a_bias_and_a_model_type_that_reshapes_logits() -> None:
-    from rlhf_trainer.actors import next_token_scores
-    from rlhf_trainer.batch import build_batch
-    from rlhf_trainer.models import KernelsError, check_fused_logprobs
+    from rlhf_trainer.algo.batch import build_batch
+    from rlhf_trainer.modeling.networks import KernelsError, check_fused_logprobs
+    from rlhf_trainer.ranks.actors import next_token_scores
 
     check_fused_logprobs(True, "qwen2")
     check_fused_logprobs(False, "gemma2")
@@ -131,7 +131,7 @@ def _partitioned_loading_process(directory: str, results: Any) -> None:
     """A one-rank gloo group: load `directory` under ZeRO-3 and under ZeRO-2, report what came."""
     import deepspeed
 
-    from rlhf_trainer.zero import deepspeed_config, skip_unused_deepspeed_builds
+    from rlhf_trainer.modeling.zero import deepspeed_config, skip_unused_deepspeed_builds
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -187,7 +187,7 @@ def _init_distributed_process(extensions: str, results: Any) -> None:
     import deepspeed
     import deepspeed.comm.comm as ds_comm
 
-    from rlhf_trainer.zero import deepspeed_config, skip_unused_deepspeed_builds
+    from rlhf_trainer.modeling.zero import deepspeed_config, skip_unused_deepspeed_builds
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1,5 +1,5 @@
-"""Partial rollouts (`rlhf_trainer.partial`) on a real transformers engine: responses decoded in
-segments, new weights loaded at a boundary, the open responses resumed under them."""
+"""Partial rollouts (`rlhf_trainer.rollout.partial`) on a real transformers engine: responses
+decoded in segments, new weights loaded at a boundary, the open responses resumed under them."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import torch
 
-from rlhf_trainer.algorithms import logprobs_from_logits
-from rlhf_trainer.engines import HFEngine, ModelSource
-from rlhf_trainer.partial import generate_in_segments
-from rlhf_trainer.rollout import Completion, SamplingParams
+from rlhf_trainer.modeling.logprobs import logprobs_from_logits
+from rlhf_trainer.rollout.base import Completion, SamplingParams
+from rlhf_trainer.rollout.engines import HFEngine, ModelSource
+from rlhf_trainer.rollout.partial import generate_in_segments
 
 TINY = {
     "model_type": "qwen2",

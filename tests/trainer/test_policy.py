@@ -18,15 +18,16 @@ torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 pytest.importorskip("deepspeed")
 
-from rlhf_trainer import algorithms as alg  # noqa: E402
-from rlhf_trainer.actors import (  # noqa: E402
+from rlhf_trainer.algo import formulas as alg  # noqa: E402
+from rlhf_trainer.algo.batch import Batch, build_batch  # noqa: E402
+from rlhf_trainer.modeling import logprobs as lp  # noqa: E402
+from rlhf_trainer.modeling.networks import build_causal_lm  # noqa: E402
+from rlhf_trainer.ranks.actors import (  # noqa: E402
     CriticWorker,
     PolicyWorker,
     ReferenceWorker,
     WorkerGroup,
 )
-from rlhf_trainer.batch import Batch, build_batch  # noqa: E402
-from rlhf_trainer.models import build_causal_lm  # noqa: E402
 from rlhf_trainer.topology import rollout_rows  # noqa: E402
 from rlhfjob.api import RLHFJobSpec, ray_resource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
@@ -97,7 +98,7 @@ def sample_batch(spec: RLHFJobSpec) -> Batch:
 
 def plain_logprobs(model, batch: Batch, temperature: float):
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return alg.logprobs_from_logits(logits[:, :-1], batch.input_ids[:, 1:], temperature)
+    return lp.logprobs_from_logits(logits[:, :-1], batch.input_ids[:, 1:], temperature)
 
 
 def test_the_group_shards_parameters(group, spec):

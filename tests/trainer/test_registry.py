@@ -12,11 +12,11 @@ pytest.importorskip("torch")
 
 import torch
 
-from rlhf_trainer import algorithms as alg
-from rlhf_trainer.experience import ESTIMATORS
-from rlhf_trainer.losses import POLICY_LOSSES
+from rlhf_trainer.algo import formulas as alg
+from rlhf_trainer.algo.experience import ESTIMATORS
+from rlhf_trainer.algo.losses import POLICY_LOSSES
 from rlhf_trainer.registry import Registry, UnknownNameError
-from rlhf_trainer.startup import REWARD_SOURCES, NonRetryableError, build_reward, load_inputs
+from rlhf_trainer.run.startup import REWARD_SOURCES, NonRetryableError, build_reward, load_inputs
 from rlhfjob.api import (
     ADVANTAGE_ESTIMATORS,
     LOSS_AGGREGATIONS,

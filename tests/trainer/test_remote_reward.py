@@ -18,7 +18,9 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from rlhf_local.tiny_models import save_tiny_tokenizer
-from rlhf_trainer.remote_reward import (
+from rlhf_trainer.data.tokenizer import decoder
+from rlhf_trainer.rewards.functions import RewardFunctionError
+from rlhf_trainer.rewards.remote import (
     RemoteReward,
     RemoteRewardRejected,
     RemoteRewardUnavailable,
@@ -26,9 +28,7 @@ from rlhf_trainer.remote_reward import (
     retry_delay,
     server_message,
 )
-from rlhf_trainer.reward_server import RewardServer, make_server
-from rlhf_trainer.rewards import RewardFunctionError
-from rlhf_trainer.tokenizer import decoder
+from rlhf_trainer.rewards.server import RewardServer, make_server
 from rlhfjob.api import RemoteRewardSpec
 
 TEXTS = [

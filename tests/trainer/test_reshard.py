@@ -1,4 +1,4 @@
-"""Checkpoints that resume on another number of ZeRO-3 ranks (`rlhf_trainer.reshard`).
+"""Checkpoints that resume on another number of ZeRO-3 ranks (`rlhf_trainer.state.reshard`).
 
 The pure parts first (addresses, which saved parts fill a wanted one, the files), then one
 process that saves under one ZeRO stage and loads under another, then whole runs on a local
@@ -28,7 +28,7 @@ import yaml
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from rlhf_trainer.reshard import (  # noqa: E402
+from rlhf_trainer.state.reshard import (  # noqa: E402
     MASTER,
     Copy,
     Part,
@@ -175,9 +175,13 @@ def _save_and_load_across_stages(directory: str, results: Any) -> None:
 
     import deepspeed
 
-    from rlhf_trainer import reshard
-    from rlhf_trainer.models import build_causal_lm
-    from rlhf_trainer.zero import deepspeed_config, lr_multiplier, skip_unused_deepspeed_builds
+    from rlhf_trainer.modeling.networks import build_causal_lm
+    from rlhf_trainer.modeling.zero import (
+        deepspeed_config,
+        lr_multiplier,
+        skip_unused_deepspeed_builds,
+    )
+    from rlhf_trainer.state import reshard
     from rlhfjob.config import load_job
 
     torch.set_num_threads(1)
@@ -397,8 +401,8 @@ def train(
 ) -> tuple[list[Any], Any]:
     """Steps of one run with `ranks` ranks per group (`RunContext.zero_ranks`), a checkpoint
     after each, like `Trainer.run`; returns the step results and the run's store."""
-    from rlhf_trainer.context import RunContext
-    from rlhf_trainer.loop import Trainer, load_inputs
+    from rlhf_trainer.run.context import RunContext
+    from rlhf_trainer.run.loop import Trainer, load_inputs
     from rlhfjob.api import RLHFJob
 
     job = RLHFJob.model_validate(job_document(algorithm, directory / "checkpoints"))

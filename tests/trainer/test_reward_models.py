@@ -33,7 +33,7 @@ def reward_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def scorer(reward_dir: Path) -> Any:
-    from rlhf_trainer.reward_models import RewardModelScorer
+    from rlhf_trainer.rewards.model import RewardModelScorer
 
     return RewardModelScorer(reward_dir, device="cpu")
 
@@ -160,7 +160,7 @@ def job_spec(**reward_role: Any) -> Any:
 
 
 def test_desired_and_minimum_follow_the_reward_role() -> None:
-    from rlhf_trainer.reward_models import desired_reward_actors, minimum_reward_actors
+    from rlhf_trainer.rewards.model import desired_reward_actors, minimum_reward_actors
 
     assert (
         desired_reward_actors(job_spec(replicas=3)),
@@ -173,7 +173,7 @@ def test_desired_and_minimum_follow_the_reward_role() -> None:
 
 
 def test_the_launcher_claims_the_reward_resource() -> None:
-    from rlhf_trainer.reward_models import RewardModelLauncher
+    from rlhf_trainer.rewards.model import RewardModelLauncher
 
     cpu = RewardModelLauncher.from_spec(job_spec(replicas=1))
     assert cpu.path == "/models/rm"
@@ -212,7 +212,7 @@ def ray_cluster() -> Iterator[Any]:
 
 @pytest.fixture
 def make_fleet(ray_cluster: Any, reward_dir: Path) -> Iterator[Callable[..., tuple[Any, Recorder]]]:
-    from rlhf_trainer.reward_models import RewardModelFleet, RewardModelLauncher
+    from rlhf_trainer.rewards.model import RewardModelFleet, RewardModelLauncher
 
     fleets: list[Any] = []
 
@@ -289,7 +289,7 @@ def test_a_fleet_scores_as_a_local_scorer_survives_a_lost_actor_and_admits_its_r
 def test_below_the_minimum_scoring_raises_a_capacity_error(
     ray_cluster: Any, make_fleet: Any
 ) -> None:
-    from rlhf_trainer.reward_models import RewardCapacityError
+    from rlhf_trainer.rewards.model import RewardCapacityError
 
     fleet, _ = make_fleet(minimum=2)
     prompts, responses = samples(6)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlhf_trainer import tasks
-from rlhf_trainer.rewards import (
+from rlhf_trainer.data import tasks
+from rlhf_trainer.rewards.functions import (
     CombinedReward,
     ModelReward,
     RewardFunctionError,
@@ -36,9 +36,20 @@ def write_module(directory: Path, source: str) -> str:
 
 
 def test_loads_a_function_by_module_and_name() -> None:
-    assert load_reward_function("rlhf_trainer.tasks:target_token_reward") is (
+    assert load_reward_function("rlhf_trainer.data.tasks:target_token_reward") is (
         tasks.target_token_reward
     )
+
+
+@pytest.mark.parametrize(
+    ("former", "now"),
+    [
+        ("rlhf_trainer.tasks:target_token_reward", "rlhf_trainer.data.tasks:target_token_reward"),
+        ("rlhf_trainer.text_rewards:exact_answer", "rlhf_trainer.rewards.text:exact_answer"),
+    ],
+)
+def test_job_files_naming_the_former_modules_keep_working(former: str, now: str) -> None:
+    assert load_reward_function(former) is load_reward_function(now)
 
 
 def test_loads_a_dotted_attribute_path(module_dir: Path) -> None:
@@ -81,16 +92,16 @@ def test_module_whose_own_import_fails_is_reported_as_such(module_dir: Path) -> 
 
 def test_missing_attribute_names_the_spec() -> None:
     with pytest.raises(RewardFunctionError) as info:
-        load_reward_function("rlhf_trainer.tasks:no_such_function")
+        load_reward_function("rlhf_trainer.data.tasks:no_such_function")
     assert str(info.value) == (
-        "reward function 'rlhf_trainer.tasks:no_such_function': "
-        "module 'rlhf_trainer.tasks' has no attribute 'no_such_function'"
+        "reward function 'rlhf_trainer.data.tasks:no_such_function': "
+        "module 'rlhf_trainer.data.tasks' has no attribute 'no_such_function'"
     )
 
 
 def test_non_callable_attribute() -> None:
     with pytest.raises(RewardFunctionError, match="'TARGET_TOKEN' is not callable"):
-        load_reward_function("rlhf_trainer.tasks:TARGET_TOKEN")
+        load_reward_function("rlhf_trainer.data.tasks:TARGET_TOKEN")
 
 
 def test_rule_reward_passes_all_three_lists_and_defaults_metadata(module_dir: Path) -> None:
@@ -143,7 +154,7 @@ def test_an_exception_inside_the_function_becomes_a_reward_function_error() -> N
 
 
 def test_mismatched_batch_lengths_are_a_caller_error() -> None:
-    reward = RuleReward.from_spec("rlhf_trainer.tasks:target_token_reward")
+    reward = RuleReward.from_spec("rlhf_trainer.data.tasks:target_token_reward")
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         reward([[1], [2]], [[1]])
     with pytest.raises(ValueError, match="1 metadata entries but 2 responses"):
@@ -217,13 +228,15 @@ def test_a_model_part_decodes_and_asks_its_replicas_once_attached() -> None:
 
 
 def test_build_reward_makes_one_part_per_source_with_its_name_and_weight() -> None:
-    from rlhf_trainer.startup import build_reward
+    from rlhf_trainer.run.startup import build_reward
     from rlhfjob.api import RewardSpec
 
     def spec_with(reward: dict) -> SimpleNamespace:  # type: ignore[type-arg]
         return SimpleNamespace(reward=RewardSpec.model_validate(reward))
 
-    single = build_reward(spec_with({"function": "rlhf_trainer.tasks:target_token_reward"}), None)  # type: ignore[arg-type]
+    single = build_reward(
+        spec_with({"function": "rlhf_trainer.data.tasks:target_token_reward"}), None
+    )  # type: ignore[arg-type]
     assert [(p.name, p.weight) for p in single.parts] == [("function", 1.0)]
     combined = build_reward(
         spec_with(  # type: ignore[arg-type]
@@ -231,8 +244,8 @@ def test_build_reward_makes_one_part_per_source_with_its_name_and_weight() -> No
                 "type": "combined",
                 "normalize": True,
                 "components": [
-                    {"function": "rlhf_trainer.tasks:target_token_reward", "name": "target"},
-                    {"function": "rlhf_trainer.tasks:target_token_reward", "weight": 0.5},
+                    {"function": "rlhf_trainer.data.tasks:target_token_reward", "name": "target"},
+                    {"function": "rlhf_trainer.data.tasks:target_token_reward", "weight": 0.5},
                     {"type": "model", "weight": 2.0},
                 ],
             }

@@ -9,9 +9,9 @@ import yaml
 
 pytest.importorskip("torch")
 
-from rlhf_trainer.actors import CriticWorker, PolicyWorker, ReferenceWorker
-from rlhf_trainer.adoption import spec_digest, spec_json
-from rlhf_trainer.startup import (
+from rlhf_trainer.ranks.actors import CriticWorker, PolicyWorker, ReferenceWorker
+from rlhf_trainer.ranks.adoption import spec_digest, spec_json
+from rlhf_trainer.run.startup import (
     EngineChoice,
     choose_engines,
     engine_launcher,

@@ -12,11 +12,13 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from rlhf_local.tiny_models import save_tiny_tokenizer
-from rlhf_trainer.rollout import Completion
-from rlhf_trainer.tokenizer import (
+from rlhf_trainer.data.tokenizer import (
     check_stop_strings,
     decoder,
     truncate_at_stop_strings,
+)
+from rlhf_trainer.rollout.base import (
+    Completion,
     truncate_completions,
 )
 from rlhfjob.config import load_job

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_trainer import algorithms, tasks
-from rlhf_trainer.rewards import RuleReward
-from rlhf_trainer.tasks import TARGET_TOKEN, get_task
+from rlhf_trainer.algo import formulas as algorithms
+from rlhf_trainer.data import tasks
+from rlhf_trainer.data.tasks import TARGET_TOKEN, get_task
+from rlhf_trainer.modeling import logprobs as lp
+from rlhf_trainer.rewards.functions import RuleReward
 
 
 def test_target_token_reward_is_the_fraction_of_target_tokens() -> None:
@@ -108,7 +110,7 @@ def test_a_tiny_causal_lm_learns_target_token_with_grpo() -> None:
         mean_rewards.append(rewards.mean().item())
 
         logits = model(sequences).logits[:, task.prompt_length - 1 : -1]
-        logprobs = algorithms.logprobs_from_logits(logits, responses)
+        logprobs = lp.logprobs_from_logits(logits, responses)
         advantages = algorithms.grpo_advantages(rewards, samples_per_prompt)
         result = algorithms.clipped_policy_loss(
             logprobs, logprobs.detach(), advantages, torch.ones_like(logprobs)

@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from rlhf_local.tiny_models import save_tiny_tokenizer
-from rlhf_trainer import text_rewards
-from rlhf_trainer.data import PromptItem, fit_prompts, load_jsonl_prompts
-from rlhf_trainer.rewards import RewardFunctionError, RuleReward, keyword_parameters
-from rlhf_trainer.startup import NonRetryableError, load_inputs
-from rlhf_trainer.tokenizer import decoder, load_tokenizer, stop_token_ids
+from rlhf_trainer.data.prompts import PromptItem, fit_prompts, load_jsonl_prompts
+from rlhf_trainer.data.tokenizer import decoder, load_tokenizer, stop_token_ids
+from rlhf_trainer.rewards import text as text_rewards
+from rlhf_trainer.rewards.functions import RewardFunctionError, RuleReward, keyword_parameters
+from rlhf_trainer.run.startup import NonRetryableError, load_inputs
 from rlhfjob.config import load_job
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"
@@ -150,7 +150,7 @@ def test_a_reward_that_declares_texts_gets_the_decoded_texts(tokenizer: Any) -> 
 
 def test_text_rewards_need_a_tokenizer_and_known_parameters() -> None:
     with pytest.raises(RewardFunctionError, match="takes text, which needs a tokenizer"):
-        RuleReward.from_spec("rlhf_trainer.text_rewards:exact_answer", None)
+        RuleReward.from_spec("rlhf_trainer.rewards.text:exact_answer", None)
 
     def unknown(response_texts: list[str], weights: list[float]) -> list[float]:
         return weights
@@ -198,7 +198,7 @@ def test_a_text_dataset_with_a_text_reward_loads_at_start(
     spec = job_spec(
         model={"tokenizer": str(tokenizer_dir)},
         dataset={"source": str(data), "prompt_field": "question", "overlong_prompts": "skip"},
-        reward={"function": "rlhf_trainer.text_rewards:exact_answer"},
+        reward={"function": "rlhf_trainer.rewards.text:exact_answer"},
         algorithm={"max_prompt_length": 24},
     )
     logged: list[str] = []

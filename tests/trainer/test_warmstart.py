@@ -1,4 +1,4 @@
-"""The warm driver (`rlhf_trainer.warmstart`): an in-place restart forked from a process that
+"""The warm driver (`rlhf_trainer.run.warmstart`): an in-place restart forked from a process that
 imported everything already, with the attempt's streams, environment and signals."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from rlhf_local.harness import wait_for as wait_until
-from rlhf_trainer import warmstart
+from rlhf_trainer.run import warmstart
 from rlhfjob import contract
 from rlhfjob.contract import ExitCode
 
 HERE = Path(__file__).resolve().parent
 CLIENT = (
-    "import sys; from rlhf_trainer import warmstart; sys.exit(warmstart.delegate(sys.argv[1:]))"
+    "import sys; from rlhf_trainer.run import warmstart; sys.exit(warmstart.delegate(sys.argv[1:]))"
 )
 
 

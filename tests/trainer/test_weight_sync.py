@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlhf_trainer.engines import HFEngine, ModelSource
-from rlhf_trainer.weight_sync import (
+from rlhf_trainer.rollout.engines import HFEngine, ModelSource
+from rlhf_trainer.rollout.weight_sync import (
     ALIGNMENT,
     SyncPlan,
     SyncStats,
@@ -374,8 +374,8 @@ def _zero3_process(results: Any) -> None:
     """A one-rank DeepSpeed ZeRO-3 trainer (its own default group) syncing to an HF engine."""
     import deepspeed
 
-    from rlhf_trainer.weight_sync import iter_zero3_parameters, zero3_parameter_metadata
-    from rlhf_trainer.zero import skip_unused_deepspeed_builds
+    from rlhf_trainer.modeling.zero import skip_unused_deepspeed_builds
+    from rlhf_trainer.rollout.weight_sync import iter_zero3_parameters, zero3_parameter_metadata
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -7,7 +7,6 @@ where the operator sizes pods with them; everything here builds on it.
 
 from __future__ import annotations
 
-from rlhf_trainer.experience import ESTIMATORS
 from rlhfjob.api import RLHFJobSpec, RoleSpec, actor_slots
 
 
@@ -18,8 +17,7 @@ def role_ranks(role: RoleSpec) -> int:
 
 def rollout_rows(spec: RLHFJobSpec) -> int:
     """Sequences per training step: prompts x samples per prompt (one sample each for PPO)."""
-    samples = ESTIMATORS[spec.algorithm.name].samples_per_prompt(spec.algorithm)
-    return spec.algorithm.prompts_per_step * samples
+    return spec.algorithm.prompts_per_step * spec.algorithm.samples_per_prompt
 
 
 def total_steps(spec: RLHFJobSpec, dataset_size: int | None = None) -> int:

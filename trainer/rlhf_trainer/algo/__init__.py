@@ -1,0 +1,1 @@
+"""The algorithms: formulas, advantage estimators, policy losses, experience and batches."""

@@ -1,0 +1,1 @@
+"""Prompts: datasets, synthetic and generated tasks, the resumable iterator, and the tokenizer."""
