@@ -144,7 +144,8 @@ def bench_batch(scorer: Any, tokenizer: Any, url: str, batch: int, repeats: int)
 
 def bench_eos(prompts: int, group: int, max_tokens: int, eos_probability: float) -> dict[str, Any]:
     from rlhf_trainer.rollout.base import SamplingParams
-    from rlhf_trainer.rollout.engines import HFEngine, ModelSource
+    from rlhf_trainer.rollout.engines import HFEngine
+    from rlhf_trainer.rollout.model_source import ModelSource
 
     config = {
         "model_type": "qwen2",

@@ -18,13 +18,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from rlhf_trainer.rollout.weight_sync import (
-    SyncPlan,
-    WeightSyncReceiver,
-    WeightSyncSender,
-    plan_weight_sync,
-    tensor_metadata,
-)
+from rlhf_trainer.rollout.sync_plan import SyncPlan, plan_weight_sync, tensor_metadata
+from rlhf_trainer.rollout.weight_sync import WeightSyncReceiver, WeightSyncSender
 
 
 def synthetic_weights(total_bytes: int, tensor_bytes: int) -> list[tuple[str, torch.Tensor]]:

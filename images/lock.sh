@@ -16,5 +16,5 @@ lock() {  # lock OUT EXTRA... [-- EXTRA_REQUIREMENT...]
     sed "s|-r $tmp/extra.in|images/lock.sh|" "$tmp/out.txt"; } > "$out"
   rm -rf "$tmp"
 }
-lock images/trainer/constraints.txt trainer -- "vllm==0.24.0"
+lock images/trainer/constraints.txt trainer tracking -- "vllm==0.24.0"
 lock images/operator/constraints.txt operator

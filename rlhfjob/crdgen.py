@@ -52,6 +52,13 @@ PRINTER_COLUMNS = [
         "priority": 1,
     },
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean", "priority": 1},
+    {
+        "name": "Held-out",
+        "type": "number",
+        "description": "Latest held-out evaluation's greedy accuracy (spec.evaluation)",
+        "jsonPath": ".status.evaluation.accuracy",
+        "priority": 1,
+    },
     {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm.name", "priority": 1},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -193,6 +193,7 @@ def test_event_reasons_are_the_words_the_operator_always_used() -> None:
         "Degraded", "ReplicasRestored", "BelowReplicas", "AllReplicas",
         "Draining", "Drained", "DrainTimedOut", "NodeDrained", "Resizing",
         "Queued", "Admitted", "Preempted", "QuotaReleased", "OperatorOutdated",
+        "Evaluated", "Exported", "TrackingUnavailable",
     }  # fmt: skip
 
 

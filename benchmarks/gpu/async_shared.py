@@ -169,7 +169,7 @@ def enter_shared(self: Any, stream: str) -> dict[str, Any]:
     mode, so no hand-over happens any more), and choose the generation thread's CUDA stream."""
     import torch
 
-    from rlhf_trainer.rollout.engines import VLLMEngine
+    from rlhf_trainer.rollout.vllm_engine import VLLMEngine
 
     rollout = self.rollout
     rollout.for_training(self.engine)  # the trainer's state home, the engine asleep
@@ -444,7 +444,9 @@ def bench(args: argparse.Namespace, streams: list[str], began: float) -> None:
     import torch
 
     from rlhf_trainer.data.prompts import PromptItem
+    from rlhf_trainer.run.ahead import BatchAhead
     from rlhf_trainer.run.loop import load_inputs
+    from rlhf_trainer.run.sampling import Sampler
     from rlhfjob.api import RLHFJob
 
     tiny = args.tiny
@@ -543,6 +545,19 @@ def bench(args: argparse.Namespace, streams: list[str], began: float) -> None:
         trainer.algorithm = algorithm
         rollout = shared_rollout(trainer.policy)
         trainer.fleet = rollout
+        position = trainer.sampler.data.position
+        trainer.sampler = Sampler(
+            trainer.spec.model_copy(update={"algorithm": algorithm}),
+            trainer.inputs,
+            rollout,
+            trainer.metrics,
+            trainer.phase,
+            trainer.actors.reward_models,
+        )
+        trainer.sampler.rewind(position)
+        trainer.ahead = BatchAhead(
+            trainer.sampler, trainer.total_steps, trainer.sync_weights, trainer.log
+        )
         shared_runs: dict[str, Any] = {}
         first_wake: dict[str, Any] | None = None
         for stream in streams:
@@ -552,8 +567,8 @@ def bench(args: argparse.Namespace, streams: list[str], began: float) -> None:
                 report.update(skipped=f"shared-{stream}: {elapsed:.0f} s gone of {args.deadline}")
                 continue
             with report.section(f"shared_{stream}"):
-                trainer.wait_for_checkpoint()
-                trainer.next_sampled = None  # the first step samples its own batch
+                trainer.checkpoints.wait()
+                trainer.ahead.next = None  # the first step samples its own batch
                 woken = on_rank(enter_shared, stream)
                 first_wake = first_wake or woken  # a later variant finds the engine awake
                 synced = trainer.fleet.sync(trainer.version)

@@ -408,7 +408,7 @@ def save_checkpoint_dir(shape: str, directory: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlhf_trainer.rollout.engines import causal_lm_config
+    from rlhf_trainer.rollout.model_source import causal_lm_config
 
     if not (directory / "config.json").is_file():
         torch.manual_seed(0)
@@ -515,7 +515,7 @@ def load_ceiling(self: Any, repeats: int, level: int) -> dict[str, Any]:
     product's update finds), and a device-to-device copy of the same bytes."""
     import torch
 
-    from rlhf_trainer.rollout.weight_sync import iter_module_parameters
+    from rlhf_trainer.rollout.sync_plan import iter_module_parameters
 
     engine = self.rollout.engine
     self.rollout.for_rollout(self.engine)
@@ -570,7 +570,7 @@ def load_breakdown(self: Any, repeats: int) -> dict[str, Any]:
 
 
 def iter_parameters(module: Any) -> Any:
-    from rlhf_trainer.rollout.weight_sync import iter_module_parameters
+    from rlhf_trainer.rollout.sync_plan import iter_module_parameters
 
     return iter_module_parameters(module)
 
@@ -927,7 +927,7 @@ def bench_job(args: argparse.Namespace) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from rlhf_trainer.rollout.engines import causal_lm_config
+        from rlhf_trainer.rollout.model_source import causal_lm_config
 
         config = causal_lm_config(model_config("tiny" if args.tiny else "0.5b"))
         torch.manual_seed(0)

@@ -72,7 +72,7 @@ def save(args: argparse.Namespace, report: Report) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlhf_trainer.rollout.engines import causal_lm_config
+    from rlhf_trainer.rollout.model_source import causal_lm_config
 
     shape = {**(TINY if args.tiny else QWEN25_7B), "vocab_size": args.vocab}
     with report.section("save"):

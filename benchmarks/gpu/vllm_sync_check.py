@@ -43,8 +43,10 @@ import ray
 import torch
 
 from rlhf_trainer.rollout.base import SamplingParams
-from rlhf_trainer.rollout.engines import ModelSource, RolloutEngineActor, create_rollout_engines
-from rlhf_trainer.rollout.weight_sync import Backend, SyncPlan, plan_weight_sync
+from rlhf_trainer.rollout.engines import RolloutEngineActor, create_rollout_engines
+from rlhf_trainer.rollout.model_source import ModelSource
+from rlhf_trainer.rollout.sync_plan import SyncPlan, plan_weight_sync
+from rlhf_trainer.rollout.weight_sync import Backend
 
 SHAPES: dict[str, dict[str, Any]] = {
     # The shape of Qwen2.5-0.5B (random weights; nothing is downloaded).
@@ -227,7 +229,7 @@ class ZeroTrainer:
         return results
 
     def metadata(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        from rlhf_trainer.rollout.weight_sync import zero3_parameter_metadata
+        from rlhf_trainer.rollout.sync_plan import zero3_parameter_metadata
 
         return zero3_parameter_metadata(self.engine.module)
 
@@ -246,7 +248,7 @@ class ZeroTrainer:
     def send(self, plan: SyncPlan) -> dict[str, Any]:
         """One sync; ``seconds`` is the sender's own figure, ``synced_seconds`` the same call
         bracketed by device synchronisation (what the bare broadcast is timed with)."""
-        from rlhf_trainer.rollout.weight_sync import iter_zero3_parameters
+        from rlhf_trainer.rollout.sync_plan import iter_zero3_parameters
 
         self._synchronize()
         start = time.perf_counter()

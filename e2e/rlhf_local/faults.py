@@ -257,9 +257,11 @@ class TrainingRecord:
         out = []
         for line in path.read_text().splitlines():
             try:
-                out.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a killed driver
+            if "kind" not in record:  # a step's line, not an evaluation's
+                out.append(record)
         return out
 
     def steps_by_attempt(self) -> dict[int, list[int]]:

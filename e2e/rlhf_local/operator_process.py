@@ -16,7 +16,6 @@ import copy
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -44,12 +43,6 @@ RBAC_KINDS = frozenset(
 )
 #: Kinds of the chart that `apply_admission_policy` applies.
 ADMISSION_KINDS = frozenset({"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 #: The chart's values the e2e operator runs with: Kueue's integration on (the local control plane
@@ -227,8 +220,8 @@ class OperatorProcess:
 
     kubeconfig: Path
     log_path: Path
-    metrics_port: int = field(default_factory=_free_port)
-    health_port: int = field(default_factory=_free_port)
+    metrics_port: int = field(default_factory=procs.free_port)
+    health_port: int = field(default_factory=procs.free_port)
     process: subprocess.Popen[bytes] | None = None
     #: The operator's identity, as the chart's Deployment passes it.
     namespace: str = OPERATOR_NAMESPACE

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -162,3 +163,10 @@ def file_lock(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def free_port() -> int:
+    """A port of the loopback that no one listens on now (the kernel's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

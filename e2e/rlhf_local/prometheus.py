@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -77,12 +76,6 @@ def render_rules(helm: Path, alerts: dict[str, Any] | None = None) -> dict[str, 
     return {"groups": rule["spec"]["groups"]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Prometheus:
     """`prometheus` on 127.0.0.1, scraping every `interval` seconds, with the given rules."""
@@ -98,7 +91,7 @@ class Prometheus:
     ray_interval: str = "5s"
     """Scrapes of the Ray pods (Ray's exporter, the trainer's): each costs the pod's Ray agent
     CPU, which a joining Ray node needs on two busy cores."""
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=procs.free_port)
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     """When it started (Unix time)."""

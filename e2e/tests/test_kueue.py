@@ -204,8 +204,8 @@ def test_a_preempted_job_checkpoints_its_step_waits_and_resumes_where_it_stopped
 def test_the_example_queues_are_valid_kueue_objects(
     local_cluster: LocalCluster, namespace: str
 ) -> None:
-    """The README's Kueue set-up passes Kueue's CRD schemas and webhooks (a server-side dry run,
-    the LocalQueue in a namespace of the test's)."""
+    """The Kueue set-up of docs/operations.md passes Kueue's CRD schemas and webhooks (a
+    server-side dry run, the LocalQueue in a namespace of the test's)."""
     documents = [d for d in yaml.safe_load_all(QUEUES_EXAMPLE.read_text()) if d]
     assert {d["kind"] for d in documents} >= {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
     for document in documents:

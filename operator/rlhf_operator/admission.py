@@ -22,7 +22,8 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from rlhf_operator.policy import Check, Variable, checks, variables
+from rlhf_operator.policy import checks, variables
+from rlhf_operator.policy_base import Check, Variable
 from rlhfjob.api import GROUP, PLURAL, VERSION
 from rlhfjob.crdgen import REPO_ROOT, print_write_or_check
 

@@ -188,7 +188,9 @@ def _pod_env(job: RLHFJob, role: str, pod: PodOverrides) -> list[dict[str, Any]]
         metrics_port=TRAINER_METRICS_PORT if role == "head" else None,
     )
     contract = [{"name": name, "value": value} for name, value in env.to_env().items()]
-    credentials = _object_store_credentials(job) if role == "head" else []
+    credentials = (
+        _object_store_credentials(job) + _tracking_credentials(job) if role == "head" else []
+    )
     return contract + credentials + [var.wire() for var in pod.env]
 
 
@@ -204,6 +206,24 @@ def _object_store_credentials(job: RLHFJob) -> list[dict[str, Any]]:
             "valueFrom": {"secretKeyRef": {"name": store.credentials_secret, "key": key}},
         }
         for name, key in zip(names, api.OBJECT_STORE_SECRET_KEYS, strict=True)
+    ]
+
+
+def _tracking_credentials(job: RLHFJob) -> list[dict[str, Any]]:
+    """The experiment trackers' keys, by reference and each optional (MLflow takes a user and
+    password or a token), for the driver on the head."""
+    tracking = job.spec.tracking
+    refs: list[tuple[str, str]] = []
+    if tracking.mlflow is not None and tracking.mlflow.credentials_secret is not None:
+        refs += [(tracking.mlflow.credentials_secret, key) for key in api.MLFLOW_SECRET_KEYS]
+    if tracking.wandb is not None and tracking.wandb.api_key_secret is not None:
+        refs.append((tracking.wandb.api_key_secret, api.WANDB_SECRET_KEY))
+    return [
+        {
+            "name": key,
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}},
+        }
+        for secret, key in refs
     ]
 
 

@@ -137,25 +137,26 @@ def _emit(body: dict[str, Any], event: Event) -> None:
     kopf.event(cast(Any, body), type=event.type, reason=event.reason, message=event.message)
 
 
-def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
-    """The operator's handlers, for `kopf.run(registry=...)`."""
-    operator_settings = settings  # kopf passes its own `settings` to the startup handler
-    handlers = kopf.OperatorRegistry()
-    state: dict[str, Any] = {}
-    kicks: dict[tuple[str, str], asyncio.TimerHandle] = {}
-    numbers = itertools.count(1)
+class _Operator:
+    """One operator's state between its handlers: the reconciler (made at startup, once the
+    event loop runs) and the kicks scheduled sooner than the timer."""
 
-    def reconciler() -> Reconciler:
-        found: Reconciler = state["reconciler"]
-        return found
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.session: aiohttp.ClientSession | None = None
+        self._reconciler: Reconciler | None = None
+        self._kicks: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._numbers = itertools.count(1)
 
-    @kopf.on.login(registry=handlers)  # a registry of our own has none of kopf's by default
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
+    @property
+    def reconciler(self) -> Reconciler:
+        if self._reconciler is None:
+            raise RuntimeError("the operator has not started")
+        return self._reconciler
 
-    @kopf.on.startup(registry=handlers)
-    async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.level = logging.WARNING  # our own Events say what matters; not kopf's
+    async def start(self, kopf_settings: kopf.OperatorSettings) -> None:
+        """Quiet kopf, serve the metrics, and make the clients and the reconciler."""
+        kopf_settings.posting.level = logging.WARNING  # our own Events say what matters; not kopf's
         logging.getLogger("kopf.objects").addFilter(
             _QuietSuccesses(
                 ("Timer", TIMER_ID),
@@ -163,61 +164,75 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                 ("Handler", WORKLOAD_EVENT_ID),
             )
         )
-        settings.watching.server_timeout = 300
+        kopf_settings.watching.server_timeout = 300
         # The chart grants no read on CRDs (least privilege): kopf's one scan at start finds
         # RLHFJob and RayCluster, and its CRD watch would only retry a 403 and warn.
-        settings.scanning.disabled = True
+        kopf_settings.scanning.disabled = True
         metrics = OperatorMetrics()
-        if operator_settings.metrics_port:
-            metrics.serve(operator_settings.metrics_port)
+        if self.settings.metrics_port:
+            metrics.serve(self.settings.metrics_port)
         # `asyncio.to_thread` (the Kubernetes calls) and aiohttp's name lookups use this one.
         asyncio.get_running_loop().set_default_executor(UrgencyExecutor(KUBE_THREADS))
-        session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession()
         configuration = load_kube_config().configuration
         configuration.connection_pool_maxsize = KUBE_THREADS
-        kube = Kube(client.ApiClient(configuration))
-        state.update(
-            session=session,
-            reconciler=Reconciler(
-                kube,
-                RayJobClient(session),
-                metrics,
-                emit=_emit,
-                ray_auth=operator_settings.ray_auth,
-                policy=operator_settings.policy,
-                dashboard_from_annotation=operator_settings.dashboard_from_annotation,
-                network=operator_settings.network,
-            ),
+        self._reconciler = Reconciler(
+            Kube(client.ApiClient(configuration)),
+            RayJobClient(self.session),
+            metrics,
+            emit=_emit,
+            ray_auth=self.settings.ray_auth,
+            policy=self.settings.policy,
+            dashboard_from_annotation=self.settings.dashboard_from_annotation,
+            network=self.settings.network,
         )
 
-    @kopf.on.cleanup(registry=handlers)
-    async def stop(**_: Any) -> None:
-        if session := state.get("session"):
-            await session.close()
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
 
-    async def kick(namespace: str, name: str, *, urgent: bool = False) -> None:
+    async def kick(self, namespace: str, name: str, *, urgent: bool = False) -> None:
         """Reconcile now; if something is due before the next timer tick, come back for it."""
-        token = _urgency.set((URGENT if urgent else ROUTINE, next(numbers)))
+        token = _urgency.set((URGENT if urgent else ROUTINE, next(self._numbers)))
         try:
-            due = await reconciler().reconcile(namespace, name)
+            due = await self.reconciler.reconcile(namespace, name)
         except Exception:  # a bug or an API-server error: logged with its traceback, retried
             log.exception("%s/%s: reconcile failed; the timer retries", namespace, name)
             return
         finally:
             _urgency.reset(token)
-        if due is not None and due < operator_settings.timer_interval:
-            if (old := kicks.pop((namespace, name), None)) is not None:
+        if due is not None and due < self.settings.timer_interval:
+            if (old := self._kicks.pop((namespace, name), None)) is not None:
                 old.cancel()
             loop = asyncio.get_running_loop()
-            kicks[(namespace, name)] = loop.call_later(
-                max(due, 0.05), lambda: asyncio.ensure_future(kick(namespace, name))
+            self._kicks[(namespace, name)] = loop.call_later(
+                max(due, 0.05), lambda: asyncio.ensure_future(self.kick(namespace, name))
             )
+
+
+def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    """The operator's handlers, for `kopf.run(registry=...)`: each one line of `_Operator`
+    (their names, kopf's ids for them, are what its log lines and annotations say)."""
+    handlers = kopf.OperatorRegistry()
+    operator = _Operator(settings)
+
+    @kopf.on.login(registry=handlers)  # a registry of our own has none of kopf's by default
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=handlers)
+    async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
+        await operator.start(settings)
+
+    @kopf.on.cleanup(registry=handlers)
+    async def stop(**_: Any) -> None:
+        await operator.stop()
 
     @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL, registry=handlers)
     @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL, registry=handlers)
     @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec", registry=handlers)
     async def job_changed(namespace: str | None, name: str, **_: Any) -> None:
-        await kick(namespace or "default", name, urgent=True)
+        await operator.kick(namespace or "default", name, urgent=True)
 
     @kopf.timer(
         api.GROUP,
@@ -231,7 +246,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         registry=handlers,
     )
     async def job_timer(namespace: str | None, name: str, **_: Any) -> None:
-        await kick(namespace or "default", name)
+        await operator.kick(namespace or "default", name)
 
     @kopf.on.event(
         ray.RAY_GROUP,
@@ -242,7 +257,7 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         registry=handlers,
     )
     async def cluster_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        await kick(namespace or "default", labels[LABEL_JOB])
+        await operator.kick(namespace or "default", labels[LABEL_JOB])
 
     if settings.policy.kueue:
 
@@ -258,11 +273,11 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
             namespace: str | None, labels: Mapping[str, str], **_: Any
         ) -> None:
             """Kueue admitted, evicted or requeued a job's Workload."""
-            await kick(namespace or "default", labels[LABEL_JOB])
+            await operator.kick(namespace or "default", labels[LABEL_JOB])
 
     @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True, registry=handlers)
     async def job_deleted(namespace: str | None, name: str, **_: Any) -> None:
         """Owned objects go with the job (owner references); checkpoints are never touched."""
-        reconciler().forget(namespace or "default", name)
+        operator.reconciler.forget(namespace or "default", name)
 
     return handlers

@@ -27,15 +27,9 @@ from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_operator.names import FIELD_MANAGER
+from rlhf_operator.parsers import api_status, claim, controller_of
 from rlhf_operator.ports import ApplyRefusedError
-from rlhf_operator.views import (
-    NOT_OWNED,
-    PERMANENT_REFUSALS,
-    RETRIED_REFUSALS,
-    api_status,
-    claim,
-    controller_of,
-)
+from rlhf_operator.views import NOT_OWNED, PERMANENT_REFUSALS, RETRIED_REFUSALS
 from rlhfjob import api
 from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract import kueue

@@ -50,6 +50,25 @@ class OperatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._define_operator_series()
+        self._define_job_series()
+        self._job_series: dict[tuple[str, str], set[tuple[Gauge | Counter, tuple[str, ...]]]] = {}
+        for phase in Phase:
+            self.jobs.labels(phase=phase.value).set(0)
+        # Every reason from the start: Prometheus sees a series' first sample, so a child made
+        # by the first restart would hold it already, and rate() would never show it.
+        for reason in RestartReason:
+            for family in (self.restarts, self.detection_seconds, self.recovery_seconds):
+                family.labels(reason=reason.value)
+
+    def _latency(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> Histogram:
+        """A histogram of seconds from minutes to an hour (`_LATENCY_BUCKETS`)."""
+        return Histogram(
+            name, documentation, labels, buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+
+    def _define_operator_series(self) -> None:
+        """The operator's own series: reconciles, submissions, restarts and their latencies."""
         r = self.registry
         self.jobs = Gauge(JOBS, "RLHFJobs by phase", ["phase"], registry=r)
         self.reconciles = Counter(
@@ -58,17 +77,11 @@ class OperatorMetrics:
         self.reconcile_seconds = Histogram(
             RECONCILE_DURATION_SECONDS, "Time to reconcile one job", registry=r
         )
-        self.cluster_ready_seconds = Histogram(
-            CLUSTER_READY_SECONDS,
-            "From RLHFJob creation to its RayCluster ready",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.cluster_ready_seconds = self._latency(
+            CLUSTER_READY_SECONDS, "From RLHFJob creation to its RayCluster ready"
         )
-        self.first_step_seconds = Histogram(
-            FIRST_STEP_SECONDS,
-            "From RLHFJob creation to the first training step reported",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.first_step_seconds = self._latency(
+            FIRST_STEP_SECONDS, "From RLHFJob creation to the first training step reported"
         )
         self.submissions = Counter(_base(SUBMISSIONS_TOTAL), "Ray job submissions", registry=r)
         self.submission_failures = Counter(
@@ -79,20 +92,20 @@ class OperatorMetrics:
         self.restarts = Counter(
             _base(RESTARTS_TOTAL), "Trainer restarts by reason", ["reason"], registry=r
         )
-        self.detection_seconds = Histogram(
+        self.detection_seconds = self._latency(
             FAILURE_DETECTION_SECONDS,
             "From the trainer's last sign of life to the operator's restart decision",
-            ["reason"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            ("reason",),
         )
-        self.recovery_seconds = Histogram(
+        self.recovery_seconds = self._latency(
             RECOVERY_SECONDS,
             "From a failure to the first training step resumed after it",
-            ["reason"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            ("reason",),
         )
+
+    def _define_job_series(self) -> None:
+        """Each RLHFJob's series, labelled `JOB_LABELS` (`observe_job` sets them)."""
+        r = self.registry
         self.job_phase = Gauge(
             JOB_PHASE, "1 for the phase the RLHFJob is in", [*JOB_LABELS, "phase"], registry=r
         )
@@ -133,14 +146,6 @@ class OperatorMetrics:
             JOB_LABELS,
             registry=r,
         )
-        self._job_series: dict[tuple[str, str], set[tuple[Gauge | Counter, tuple[str, ...]]]] = {}
-        for phase in Phase:
-            self.jobs.labels(phase=phase.value).set(0)
-        # Every reason from the start: Prometheus sees a series' first sample, so a child made
-        # by the first restart would hold it already, and rate() would never show it.
-        for reason in RestartReason:
-            for family in (self.restarts, self.detection_seconds, self.recovery_seconds):
-                family.labels(reason=reason.value)
 
     def observe_job(self, job: RLHFJob, status: RLHFJobStatus) -> None:
         """Set the job's series from the status just written; series it no longer has go."""

@@ -91,7 +91,7 @@ def url_destination(url: str, default_port: int | None = None) -> Destination:
 
 def job_destinations(job: RLHFJob) -> list[Destination]:
     """What a job's spec says its pods call outside the job: the checkpoint bucket's endpoint
-    (AWS's when none is named) and each remote reward server."""
+    (AWS's when none is named), each remote reward server, and the experiment trackers."""
     found: list[Destination] = []
     bucket = job.spec.checkpoint.object_store
     if bucket is not None:
@@ -103,6 +103,11 @@ def job_destinations(job: RLHFJob) -> list[Destination]:
     for _, source, _ in job.spec.reward.sources():
         if source.type == "remote" and source.remote is not None:
             found.append(url_destination(source.remote.url))
+    tracking = job.spec.tracking
+    if tracking.mlflow is not None:
+        found.append(url_destination(tracking.mlflow.tracking_uri))
+    if tracking.wandb is not None and tracking.wandb.api_key_secret is not None:
+        found.append(url_destination(tracking.wandb.base_url))  # offline without a key
     return found
 
 

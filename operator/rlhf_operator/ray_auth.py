@@ -16,6 +16,7 @@ import hmac
 import secrets
 from pathlib import Path
 
+from rlhf_operator.ports import Dashboard
 from rlhfjob.api import RLHFJob
 
 MIN_KEY_BYTES = 32
@@ -51,6 +52,10 @@ class RayAuth:
     def token(self, job: RLHFJob) -> str:
         identity = f"{job.metadata.namespace}/{job.metadata.name}/{job.metadata.uid or ''}"
         return hmac.new(self._key, identity.encode(), hashlib.sha256).hexdigest()
+
+    def dashboard(self, job: RLHFJob, url: str) -> Dashboard:
+        """The job's Ray dashboard at `url`, with the token it asks for."""
+        return Dashboard(url, self.token(job))
 
     def __repr__(self) -> str:  # never the key, in a log or a traceback
         return "RayAuth(<key>)"

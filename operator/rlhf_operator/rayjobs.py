@@ -12,8 +12,9 @@ from typing import Any
 
 import aiohttp
 
+from rlhf_operator.parsers import ray_job_view
 from rlhf_operator.ports import Dashboard, DashboardUnavailableError
-from rlhf_operator.views import RayJobView, ray_job_view
+from rlhf_operator.views import RayJobView
 
 __all__ = ["DashboardUnavailableError", "RayJobClient"]
 

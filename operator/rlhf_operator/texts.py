@@ -17,6 +17,9 @@ CAUSE_LIMIT = 800
 """What is kept of the API server's or KubeRay's words on why the cluster does not come up."""
 RESTART_MESSAGE_LIMIT = 1000
 """A restart record's message in `status.restartHistory` (kept short: the history is long)."""
+STATUS_MESSAGE_MAX_LENGTH = 32768
+"""The CRD's `maxLength` of `status.message`: the most a status write may carry (a job refused
+before it is reconciled says all of why)."""
 
 
 def trim(text: str, limit: int) -> str:

@@ -4,8 +4,8 @@ chooses between (advantage estimators, policy losses, loss aggregations).
 Each name is declared here once, with what it does and the paper it follows. The API's enums,
 the field descriptions (so `kubectl explain` and docs/api-reference.md), and the CEL rules that
 depend on what an estimator needs all come from these tables; the trainer registers one
-implementation per name (`rlhf_trainer.algo.experience`, `rlhf_trainer.algo.losses`) and a unit test holds
-the registries equal to them. No torch here: the operator imports the API.
+implementation per name (`rlhf_trainer.algo.experience`, `rlhf_trainer.algo.losses`) and a unit test
+holds the registries equal to them. No torch here: the operator imports the API.
 """
 
 from __future__ import annotations

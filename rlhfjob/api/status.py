@@ -81,6 +81,34 @@ class CheckpointRef(ApiModel):
     """When the operator first saw it reported (RFC 3339)."""
 
 
+class EvaluationResult(ApiModel):
+    """The latest held-out evaluation the trainer reported (`spec.evaluation`)."""
+
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
+    step: int
+    """The training step it evaluated (0: before the first)."""
+    score: float | None = None
+    """Mean reward of the greedy responses."""
+    accuracy: float | None = None
+    """Fraction of prompts whose greedy response passed (reward >= passThreshold)."""
+    pass_at_k: float | None = None
+    """Fraction of prompts with a passing response among `samples` sampled ones."""
+    time: datetime | None = None
+    """When the operator first saw it reported (RFC 3339)."""
+
+
+class ExportRef(ApiModel):
+    """The trained policy exported as a Hugging Face directory (`spec.export`)."""
+
+    model_config = ConfigDict(strict=False)  # timestamps arrive as text
+    step: int
+    """The training step it holds."""
+    path: str
+    """Its directory on the checkpoint volume (or its bucket URL, once uploaded)."""
+    time: datetime | None = None
+    """When the operator first saw it reported (RFC 3339)."""
+
+
 class Progress(ApiModel):
     """How fast the job trains and when it should end, from the trainer's heartbeat."""
 
@@ -149,6 +177,12 @@ class RLHFJobStatus(ApiModel):
     """Training steps of the whole run: spec.algorithm.totalSteps, or what the trainer computed
     from epochs."""
     last_checkpoint: CheckpointRef | None = None
+    evaluation: EvaluationResult | None = None
+    """The latest held-out evaluation (`spec.evaluation`)."""
+    export: ExportRef | None = None
+    """Where the trained policy was exported (`spec.export`)."""
+    tracking_failures: int = 0
+    """Calls to experiment trackers the trainer gave up so far (`spec.tracking`); never fatal."""
     """The newest complete checkpoint; a restart resumes from it."""
     progress: Progress | None = None
     """Steps per second, the estimated end and the latest reward (from the heartbeat)."""

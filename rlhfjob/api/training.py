@@ -23,6 +23,7 @@ from rlhfjob.api.base import (
 )
 from rlhfjob.api.placement import ROLE_NAMES, HeadSpec, Roles, RoleSpec
 from rlhfjob.api.pods import ObjectName, PodDefaults, PodOverrides, _free_mount_path
+from rlhfjob.api.research import EvaluationSpec, ExportSpec, TrackingSpec
 from rlhfjob.cel import CelRule, clean_path, immutable
 
 LIGER_MODEL_TYPES = (
@@ -117,7 +118,8 @@ class ModelSpec(ApiModel):
 
 SYNTHETIC_TASKS = ("copy_first", "even_tokens", "target_token")
 """The synthetic tasks the trainer has (`dataset.source: synthetic:<task>`): the API refuses
-another at apply, and `rlhf_trainer.data.tasks` implements exactly these (a unit test holds both)."""
+another at apply, and `rlhf_trainer.data.tasks` implements exactly these (a unit test holds
+both)."""
 
 
 class DatasetSpec(ApiModel):
@@ -497,6 +499,9 @@ class RLHFJobSpec(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     liveness: LivenessSpec = Field(default_factory=LivenessSpec)
+    evaluation: EvaluationSpec | None = None
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    export: ExportSpec = Field(default_factory=ExportSpec)
     ray_version: str = Field(default="2.60.0", pattern=r"^[0-9]+[.][0-9]+[.][0-9]+$")
     """The Ray version of the image (KubeRay's rayVersion). The driver refuses one of another
     minor release than its own Ray (Failed at once, non-retryable)."""

@@ -14,6 +14,7 @@ And where checkpoints go and what the Ray job runs, both sides' business.
 
 from __future__ import annotations
 
+import posixpath
 from pathlib import PurePosixPath
 
 from rlhfjob.api import RLHFJob
@@ -68,6 +69,34 @@ __all__ = [
 def checkpoint_dir(job: RLHFJob) -> PurePosixPath:
     """Each job checkpoints into its own directory under `spec.checkpoint.path`."""
     return PurePosixPath(job.spec.checkpoint.path) / job.metadata.namespace / job.metadata.name
+
+
+EXPORT_DIR = "export"
+"""Under a job's checkpoint directory (and its bucket prefix): the exported policy."""
+
+
+def export_dir(job: RLHFJob) -> PurePosixPath:
+    """Where the job writes its trained policy as a Hugging Face directory."""
+    return checkpoint_dir(job) / EXPORT_DIR
+
+
+def bucket_prefix(job: RLHFJob) -> str | None:
+    """Where one job's checkpoints live in its bucket: ``<prefix><namespace>/<name>/``."""
+    store = job.spec.checkpoint.object_store
+    if store is None:
+        return None
+    return f"{store.prefix}{job.metadata.namespace}/{job.metadata.name}/"
+
+
+def is_job_output(job: RLHFJob, path: str) -> bool:
+    """Whether `path` lies in the job's own places: its checkpoint directory, or its prefix of
+    its bucket. What a job's pods report elsewhere is not believed."""
+    if path.startswith("s3://"):
+        store, prefix = job.spec.checkpoint.object_store, bucket_prefix(job)
+        inside = f"s3://{store.bucket}/{prefix}" if store is not None else None
+        return inside is not None and path.startswith(inside) and ".." not in path.split("/")
+    normal = PurePosixPath(posixpath.normpath(path))
+    return normal.is_relative_to(checkpoint_dir(job)) and normal.is_absolute()
 
 
 DEFAULT_ENTRYPOINT = "rlhfjob train"

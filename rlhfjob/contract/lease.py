@@ -122,6 +122,27 @@ class LeaseReport:
     checkpoint_saved_step: int | None = _annotation(
         "checkpoint-saved-step", _INT, "Step of the checkpoint saved in answer: then pods may go."
     )
+    eval_step: int | None = _annotation(
+        "eval-step", _INT, "Step of the latest held-out evaluation (0: before the first)."
+    )
+    eval_score: float | None = _annotation(
+        "eval-score", _FLOAT, "Its mean reward of greedy responses."
+    )
+    eval_accuracy: float | None = _annotation(
+        "eval-accuracy", _FLOAT, "Its fraction of prompts whose greedy response passed."
+    )
+    eval_pass_at_k: float | None = _annotation(
+        "eval-pass-at-k", _FLOAT, "Its fraction of prompts with a passing sampled response."
+    )
+    export_step: int | None = _annotation(
+        "export-step", _INT, "Step of the policy exported as a Hugging Face directory."
+    )
+    export_path: str | None = _annotation(
+        "export-path", _TEXT, "Where that directory is (on the checkpoint volume, or a bucket)."
+    )
+    tracking_failures: int | None = _annotation(
+        "tracking-failures", _INT, "Calls to experiment trackers given up so far (never fatal)."
+    )
 
     def __post_init__(self) -> None:
         for name in ("rollout_engines", "reward_models"):  # "1/2" and (1, 2) are accepted too

@@ -81,6 +81,12 @@ class EventReason(StrEnum):
     """Kueue evicted the job (a preemption): it drains, then gives its quota back."""
     QUOTA_RELEASED = "QuotaReleased"
     """Every pod of a stopped job is gone: its Kueue quota went back to the queue."""
+    EVALUATED = "Evaluated"
+    """The trainer scored the held-out set (`spec.evaluation`); the status has the figures."""
+    EXPORTED = "Exported"
+    """The trained policy was written as a Hugging Face directory (`spec.export`)."""
+    TRACKING_UNAVAILABLE = "TrackingUnavailable"
+    """An experiment tracker did not take the run's metrics; training goes on."""
     OPERATOR_OUTDATED = "OperatorOutdated"
     """The job has fields this operator does not know (its CRD is newer): it is left as it is,
     running or not, until the operator is upgraded."""

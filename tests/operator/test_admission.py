@@ -31,6 +31,7 @@ EMPTY = {"name": "scratch", "emptyDir": {}}
 SECRET_ENV = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
 CONFIG_ENV = {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
 TOKEN_SECRET = "other-job-ray-auth-0a1b2c3d4e"
+MLFLOW = "http://mlflow.mlflow:5000"
 TOKEN_CSI = {
     "name": "t",
     "csi": {"driver": "ebs.csi.aws.com", "nodePublishSecretRef": {"name": TOKEN_SECRET}},
@@ -97,6 +98,13 @@ JOBS: dict[str, dict[str, Any]] = {
         "checkpoint": {"objectStore": {"bucket": "ckpts", "credentialsSecret": TOKEN_SECRET}}
     },
     "checkpoint-token-volume": {"checkpoint": {"volume": {"secret": {"secretName": TOKEN_SECRET}}}},
+    "mlflow-token": {
+        "tracking": {"mlflow": {"trackingUri": MLFLOW, "credentialsSecret": TOKEN_SECRET}}
+    },
+    "wandb-token": {"tracking": {"wandb": {"project": "p", "apiKeySecret": TOKEN_SECRET}}},
+    "mlflow-secret": {"tracking": {"mlflow": {"trackingUri": MLFLOW, "credentialsSecret": "ml"}}},
+    "wandb-secret": {"tracking": {"wandb": {"project": "p", "apiKeySecret": "wb"}}},
+    "wandb-offline": {"tracking": {"wandb": {"project": "p"}}},
     "pods-secret-volume": PLACES["pods"](
         {"volumes": [{"name": "t", "secret": {"secretName": "hf"}}]}
     ),

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rlhf_operator import builder, network
 from rlhf_operator.lifecycle import (
     DRAIN_POLL_SECONDS,
     MESSAGE_LIMIT,
@@ -33,7 +34,8 @@ from rlhf_operator.views import (
     RayJobView,
     RoleView,
 )
-from rlhfjob.api import Condition, Phase, RLHFJob
+from rlhfjob import contract
+from rlhfjob.api import MLFLOW_SECRET_KEYS, WANDB_SECRET_KEY, Condition, Phase, RLHFJob
 from rlhfjob.config import parse_job
 from rlhfjob.contract import EXIT_GRACE_SECONDS, PHASE_EXITING, PHASE_STARTING, EngineCount
 from rlhfjob.patches import merge_patch
@@ -1394,3 +1396,116 @@ def test_a_cluster_deleted_under_the_running_trainer_is_a_head_lost_restart() ->
                               cluster=new))  # fmt: skip
     assert resumed.status.restart_count == 1
     assert SubmitRayJob("job-12345678-1", resume=True) in resumed.actions
+
+
+# --- evaluation, export and tracking: what the trainer reports, and what a tracker adds ----------
+
+EXPORT = "/mnt/checkpoints/default/job/export"
+
+
+def observed(job: Any = None, **beat: Any) -> Observed:
+    report = HeartbeatView(renewed=at(99), attempt=0, step=3, total_steps=3, **beat)
+    return Observed(
+        job=job or make_job(running()),
+        now=at(100),
+        created=at(0),
+        cluster=ready_cluster(),
+        ray_job=ray_job("RUNNING"),
+        heartbeat=report,
+    )
+
+
+def test_the_latest_evaluation_goes_into_the_status_with_an_event() -> None:
+    plan = decide(observed(eval_step=3, eval_score=0.5, eval_accuracy=0.75, eval_pass_at_k=0.9))
+    result = plan.status.evaluation
+    assert result is not None
+    assert (result.step, result.score, result.accuracy, result.pass_at_k) == (3, 0.5, 0.75, 0.9)
+    (event,) = [e for e in plan.events if e.reason == "Evaluated"]
+    assert "accuracy 0.750" in event.message and "step 3" in event.message
+
+
+def test_an_evaluation_already_in_the_status_makes_no_second_event() -> None:
+    status = running(evaluation={"step": 3, "accuracy": 0.75})
+    plan = decide(observed(make_job(status), eval_step=3, eval_accuracy=0.75))
+    assert not [e for e in plan.events if e.reason == "Evaluated"]
+
+
+def test_the_export_goes_into_the_status_when_it_is_the_jobs_own() -> None:
+    plan = decide(observed(export_step=3, export_path=EXPORT))
+    assert plan.status.export is not None
+    assert (plan.status.export.step, plan.status.export.path) == (3, EXPORT)
+    assert [e.reason for e in plan.events].count("Exported") == 1
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/mnt/checkpoints/default/other-job/export",  # another job's directory
+        "/mnt/checkpoints/default/job/../other/export",  # out of it by `..`
+        "/etc/passwd",
+        "s3://somebody-elses-bucket/default/job/export/",
+        "relative/export",
+    ],
+)
+def test_an_export_path_outside_the_job_is_not_believed(path: str) -> None:
+    plan = decide(observed(export_step=3, export_path=path))
+    assert plan.status.export is None
+    assert "Exported" not in [e.reason for e in plan.events]
+
+
+def test_a_bucket_export_is_the_jobs_own_only_under_its_prefix() -> None:
+    job = make_job(running(), checkpoint={"objectStore": {"bucket": "ckpts", "prefix": "team/"}})
+    assert contract.is_job_output(job, "s3://ckpts/team/default/job/export/")
+    assert not contract.is_job_output(job, "s3://ckpts/team/default/other/export/")
+    assert not contract.is_job_output(job, "s3://ckpts/other/default/job/export/")
+
+
+def test_trackers_that_lose_calls_make_one_warning_per_increase() -> None:
+    plan = decide(observed(tracking_failures=2))
+    assert plan.status.tracking_failures == 2
+    (event,) = [e for e in plan.events if e.reason == "TrackingUnavailable"]
+    assert event.type == "Warning" and "2 calls" in event.message
+    again = decide(observed(make_job(running(trackingFailures=2)), tracking_failures=2))
+    assert not [e for e in again.events if e.reason == "TrackingUnavailable"]
+
+
+def tracked_job(**tracking: Any) -> Any:
+    return parse_job(merge_patch(valid_job("job"), {"spec": {"tracking": tracking}}))
+
+
+def head_and_worker_env(job: Any) -> dict[str, dict[str, Any]]:
+    """Each pod template's container env by name: the head's and the workers' groups."""
+    cluster = builder.build_ray_cluster(job)
+    templates = {"head": cluster["spec"]["headGroupSpec"]["template"]}
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        templates[group["groupName"]] = group["template"]
+    return {
+        name: {var["name"]: var for var in template["spec"]["containers"][0]["env"]}
+        for name, template in templates.items()
+    }
+
+
+def test_tracking_secrets_reach_only_the_heads_container_and_each_key_is_optional() -> None:
+    job = tracked_job(
+        mlflow={"trackingUri": "http://mlflow.mlflow:5000", "credentialsSecret": "ml"},
+        wandb={"project": "p", "apiKeySecret": "wb"},
+    )
+    envs = head_and_worker_env(job)
+    keys = {*MLFLOW_SECRET_KEYS, WANDB_SECRET_KEY}
+    refs = {name: var["valueFrom"]["secretKeyRef"] for name, var in envs.pop("head").items()
+            if name in keys}  # fmt: skip
+    assert refs == {
+        **{key: {"name": "ml", "key": key, "optional": True} for key in MLFLOW_SECRET_KEYS},
+        WANDB_SECRET_KEY: {"name": "wb", "key": WANDB_SECRET_KEY, "optional": True},
+    }
+    assert envs and all(not keys & set(env) for env in envs.values())
+
+
+def test_a_tracker_is_a_declared_destination_and_offline_wandb_is_none() -> None:
+    job = tracked_job(mlflow={"trackingUri": "http://10.1.2.3:5000"}, wandb={"project": "p"})
+    destinations = network.job_destinations(job)
+    assert [(str(d.networks[0]) if d.networks else None, d.ports) for d in destinations] == [
+        ("10.1.2.3/32", (5000,))
+    ]
+    online = tracked_job(wandb={"project": "p", "apiKeySecret": "wb"})
+    assert [d.ports for d in network.job_destinations(online)] == [(443,)]

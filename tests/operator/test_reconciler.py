@@ -35,11 +35,12 @@ from rlhf_operator.kube import Kube
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
 from rlhf_operator.network import NetworkSettings
+from rlhf_operator.parsers import claim, controller_of
 from rlhf_operator.policy import JobPolicy
 from rlhf_operator.ports import ApplyRefusedError, Dashboard, DashboardUnavailableError
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.reconciler import Reconciler
-from rlhf_operator.views import NOT_OWNED, RayJobView, claim, controller_of
+from rlhf_operator.views import NOT_OWNED, RayJobView
 from rlhfjob import contract
 from rlhfjob.config import parse_job
 from rlhfjob.contract import ExitCode, LeaseReport, kueue
@@ -299,8 +300,10 @@ class FakeRayJobs:
 class World:
     """The reconciler wired to the fakes, with a clock the test moves."""
 
-    def __init__(self, policy: JobPolicy | None = None, **spec: Any) -> None:
-        self.kube = FakeKube()
+    def __init__(
+        self, policy: JobPolicy | None = None, kube: FakeKube | None = None, **spec: Any
+    ) -> None:
+        self.kube = kube or FakeKube()
         self.ray = FakeRayJobs()
         self.metrics = OperatorMetrics()
         self.events: list[Event] = []
@@ -452,7 +455,7 @@ def test_a_new_job_gets_its_objects_applied_and_its_lease_created() -> None:
     ]
     job = parse_job(world.kube.jobs[NAME])
     (secret,) = world.kube.secrets  # created, never applied (the operator cannot read it back)
-    assert secret == names.ray_auth_secret_name(job, world.reconciler.ray_auth.token(job))
+    assert secret == names.ray_auth_secret_name(job, RAY_AUTH.token(job))
     cluster = world.kube.clusters[NAME]
     assert cluster["spec"]["authOptions"]["secretName"] == secret
     assert names.heartbeat_lease_name(job) in world.kube.leases
@@ -1201,10 +1204,7 @@ def test_a_new_job_applies_its_objects_in_stages_each_at_once() -> None:
             order.append(manifest["kind"])
             await super().apply(manifest)
 
-    world = World()
-    slow = Slow()
-    slow.jobs = world.kube.jobs
-    world.kube = world.reconciler.kube = slow
+    world = World(kube=Slow())
     world.reconcile(0)
     # The API server refuses a RoleBinding to a Role it does not know yet (404): it comes after.
     assert order[-3:] == ["ServiceAccount", "RoleBinding", "RayCluster"]

@@ -25,12 +25,7 @@ from kubernetes.client import (
 )
 
 from rlhf_operator import names
-from rlhf_operator.views import (
-    CAUSE_LIMIT,
-    ClusterWarning,
-    HeartbeatView,
-    RayJobView,
-    RoleView,
+from rlhf_operator.parsers import (
     api_status,
     apply_refusal,
     cluster_view,
@@ -41,6 +36,8 @@ from rlhf_operator.views import (
     scheduling_problem,
     startup_problem,
 )
+from rlhf_operator.texts import CAUSE_LIMIT
+from rlhf_operator.views import ClusterWarning, HeartbeatView, RayJobView, RoleView
 from rlhfjob.config import parse_job
 from rlhfjob.contract import DASHBOARD_ANNOTATION, EngineCount
 from rlhfjob.contract import kuberay as ray

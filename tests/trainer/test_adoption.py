@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.ranks.actors import WorkerGroup, ZeroWorker, rank_name
+from rlhf_trainer.ranks.actors import ZeroWorker
 from rlhf_trainer.ranks.adoption import (
     DEFAULT_ADOPT_TIMEOUT_S,
     ENV_ADOPT_TIMEOUT,
@@ -22,6 +22,7 @@ from rlhf_trainer.ranks.adoption import (
     spec_digest,
     spec_json,
 )
+from rlhf_trainer.ranks.group import WorkerGroup, rank_name
 from rlhf_trainer.rollout.engines import engine_id_from_name, engine_name
 from rlhf_trainer.run.startup import adopt, adopt_group, engine_launcher
 from rlhfjob.api import ray_resource

@@ -15,12 +15,9 @@ import torch
 
 from rlhf_trainer.modeling.logprobs import logprobs_from_logits
 from rlhf_trainer.rollout.base import Completion, SamplingParams
-from rlhf_trainer.rollout.engines import (
-    HFEngine,
-    ModelSource,
-    VLLMEngine,
-    VLLMWorkerExtension,
-)
+from rlhf_trainer.rollout.engines import HFEngine
+from rlhf_trainer.rollout.model_source import ModelSource
+from rlhf_trainer.rollout.vllm_engine import VLLMEngine, VLLMWorkerExtension
 from rlhf_trainer.seeds import derive_seed
 
 TINY_QWEN2 = {
@@ -266,7 +263,9 @@ def test_vllm_engine_starts_llm_for_token_ids_and_maps_sampling(fake_vllm: None)
     assert isinstance(llm, FakeLLM)
     assert llm.kwargs["skip_tokenizer_init"] is True
     assert llm.kwargs["load_format"] == "dummy"  # config only: real weights come by sync
-    assert llm.kwargs["worker_extension_cls"] == "rlhf_trainer.rollout.engines.VLLMWorkerExtension"
+    assert (
+        llm.kwargs["worker_extension_cls"] == "rlhf_trainer.rollout.vllm_engine.VLLMWorkerExtension"
+    )
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs"
     assert (llm.kwargs["dtype"], llm.kwargs["enforce_eager"]) == ("bfloat16", True)
     config = json.loads((Path(llm.kwargs["model"]) / "config.json").read_text())
@@ -304,7 +303,8 @@ def test_vllm_engine_starts_llm_for_token_ids_and_maps_sampling(fake_vllm: None)
 
 
 def test_vllm_engine_receives_a_sync_inside_its_worker(fake_vllm: None) -> None:
-    from rlhf_trainer.rollout.weight_sync import WeightSyncSender, plan_weight_sync, tensor_metadata
+    from rlhf_trainer.rollout.sync_plan import plan_weight_sync, tensor_metadata
+    from rlhf_trainer.rollout.weight_sync import WeightSyncSender
 
     engine = VLLMEngine(ModelSource(config=TINY_QWEN2))
     llm = engine._llm

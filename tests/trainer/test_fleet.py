@@ -116,7 +116,8 @@ def spec(ray_cluster: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def policy(spec: Any) -> Iterator[Any]:
-    from rlhf_trainer.ranks.actors import PolicyWorker, WorkerGroup
+    from rlhf_trainer.ranks.actors import PolicyWorker
+    from rlhf_trainer.ranks.group import WorkerGroup
 
     group = WorkerGroup(PolicyWorker, spec, "trainer", spec.roles.trainer, 10).wait_ready()
     yield group
@@ -125,8 +126,9 @@ def policy(spec: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def make_fleet(spec: Any, policy: Any) -> Iterator[Callable[..., tuple[Any, Recorder]]]:
-    from rlhf_trainer.rollout.engines import EngineLauncher, ModelSource
+    from rlhf_trainer.rollout.engines import EngineLauncher
     from rlhf_trainer.rollout.fleet import RolloutFleet
+    from rlhf_trainer.rollout.model_source import ModelSource
 
     fleets: list[Any] = []
 

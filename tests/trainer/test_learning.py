@@ -31,12 +31,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def train_example(
-    name: str, directory: Path, random_init: dict[str, Any] | None = None, **algorithm: Any
+    name: str,
+    directory: Path,
+    random_init: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,
+    **algorithm: Any,
 ) -> tuple[list[dict], float, Path]:
-    """Run `examples/<name>` (with `algorithm` and `model.randomInit` fields changed) to the
-    end; returns (step records, max reward, run directory)."""
+    """Run `examples/<name>` (with `algorithm`, `model.randomInit` and other `spec` fields
+    changed) to the end; returns (step records, max reward, run directory)."""
     document = yaml.safe_load((REPO / "examples" / name).read_text())
     document["spec"]["algorithm"].update(algorithm)
+    document["spec"].update(spec or {})
     if random_init:
         document["spec"]["model"]["randomInit"].update(random_init)
     document["spec"]["checkpoint"]["path"] = str(directory / "checkpoints")
@@ -61,12 +66,22 @@ def train_example(
     "example", ["grpo-tiny-cpu.yaml", "grpo-tiny-colocated-cpu.yaml", "ppo-tiny-cpu.yaml"]
 )
 def test_the_tiny_example_learns_its_task(example, tmp_path):
-    records, max_reward, run_dir = train_example(example, tmp_path)
+    """Also on prompts it never trains on: the held-out evaluation's greedy score rises."""
+    evaluation = {"heldOutPrompts": 32, "intervalSteps": 10, "samples": 4, "passThreshold": 0.75}
+    records, max_reward, run_dir = train_example(example, tmp_path, spec={"evaluation": evaluation})
     rewards = [record["reward_mean"] for record in records]
     assert [record["step"] for record in records] == list(range(1, len(records) + 1))
     assert rewards[0] < 0.15 * max_reward, rewards  # near chance at the start
     assert rewards[-1] >= 0.9 * max_reward, rewards
     assert (run_dir / "reward_curve.png").is_file()
+    held_out = read_step_log(run_dir / "metrics.jsonl", "evaluation")
+    last = len(records)
+    assert [e["step"] for e in held_out] == sorted({0, *range(10, last + 1, 10), last})
+    first, final = held_out[0], held_out[-1]
+    assert {e["prompts"] for e in held_out} == {32}
+    assert first["score"] < 0.3 * max_reward < 0.8 * max_reward <= final["score"], held_out
+    assert first["accuracy"] < final["accuracy"] and final["pass@4"] >= final["accuracy"]
+    assert all(e["seconds"] > 0 for e in held_out)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from rlhf_trainer.modeling.networks import build_causal_lm, build_critic, build_reference  # noqa: E402
-from rlhf_trainer.rollout.engines import HFEngine, ModelSource  # noqa: E402
+from rlhf_trainer.rollout.engines import HFEngine  # noqa: E402
+from rlhf_trainer.rollout.model_source import ModelSource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo-tiny-cpu.yaml"

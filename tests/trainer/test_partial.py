@@ -9,7 +9,8 @@ import torch
 
 from rlhf_trainer.modeling.logprobs import logprobs_from_logits
 from rlhf_trainer.rollout.base import Completion, SamplingParams
-from rlhf_trainer.rollout.engines import HFEngine, ModelSource
+from rlhf_trainer.rollout.engines import HFEngine
+from rlhf_trainer.rollout.model_source import ModelSource
 from rlhf_trainer.rollout.partial import generate_in_segments
 
 TINY = {

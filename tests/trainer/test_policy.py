@@ -22,12 +22,8 @@ from rlhf_trainer.algo import formulas as alg  # noqa: E402
 from rlhf_trainer.algo.batch import Batch, build_batch  # noqa: E402
 from rlhf_trainer.modeling import logprobs as lp  # noqa: E402
 from rlhf_trainer.modeling.networks import build_causal_lm  # noqa: E402
-from rlhf_trainer.ranks.actors import (  # noqa: E402
-    CriticWorker,
-    PolicyWorker,
-    ReferenceWorker,
-    WorkerGroup,
-)
+from rlhf_trainer.ranks.actors import CriticWorker, PolicyWorker, ReferenceWorker  # noqa: E402
+from rlhf_trainer.ranks.group import WorkerGroup  # noqa: E402
 from rlhf_trainer.topology import rollout_rows  # noqa: E402
 from rlhfjob.api import RLHFJobSpec, ray_resource  # noqa: E402
 from rlhfjob.config import load_job  # noqa: E402

@@ -16,7 +16,8 @@ from rlhf_trainer.algo import formulas as alg
 from rlhf_trainer.algo.experience import ESTIMATORS
 from rlhf_trainer.algo.losses import POLICY_LOSSES
 from rlhf_trainer.registry import Registry, UnknownNameError
-from rlhf_trainer.run.startup import REWARD_SOURCES, NonRetryableError, build_reward, load_inputs
+from rlhf_trainer.rewards.sources import REWARD_SOURCES, build_reward
+from rlhf_trainer.run.startup import NonRetryableError, load_inputs
 from rlhfjob.api import (
     ADVANTAGE_ESTIMATORS,
     LOSS_AGGREGATIONS,

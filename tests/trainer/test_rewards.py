@@ -228,7 +228,7 @@ def test_a_model_part_decodes_and_asks_its_replicas_once_attached() -> None:
 
 
 def test_build_reward_makes_one_part_per_source_with_its_name_and_weight() -> None:
-    from rlhf_trainer.run.startup import build_reward
+    from rlhf_trainer.rewards.sources import build_reward
     from rlhfjob.api import RewardSpec
 
     def spec_with(reward: dict) -> SimpleNamespace:  # type: ignore[type-arg]

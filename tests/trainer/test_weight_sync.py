@@ -19,16 +19,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlhf_trainer.rollout.engines import HFEngine, ModelSource
+from rlhf_trainer.rollout.engines import HFEngine
+from rlhf_trainer.rollout.model_source import ModelSource
+from rlhf_trainer.rollout.sync_plan import ALIGNMENT, SyncPlan, plan_weight_sync, tensor_metadata
 from rlhf_trainer.rollout.weight_sync import (
-    ALIGNMENT,
-    SyncPlan,
     SyncStats,
     WeightSyncError,
     WeightSyncReceiver,
     WeightSyncSender,
-    plan_weight_sync,
-    tensor_metadata,
 )
 
 TINY_QWEN2 = {
@@ -375,7 +373,7 @@ def _zero3_process(results: Any) -> None:
     import deepspeed
 
     from rlhf_trainer.modeling.zero import skip_unused_deepspeed_builds
-    from rlhf_trainer.rollout.weight_sync import iter_zero3_parameters, zero3_parameter_metadata
+    from rlhf_trainer.rollout.sync_plan import iter_zero3_parameters, zero3_parameter_metadata
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

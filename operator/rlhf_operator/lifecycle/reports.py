@@ -10,7 +10,8 @@ from rlhf_operator.lifecycle.plan import (
     TRAINER,
 )
 from rlhf_operator.views import HeartbeatView
-from rlhfjob.api import CheckpointRef
+from rlhfjob import contract
+from rlhfjob.api import CheckpointRef, EvaluationResult, ExportRef
 from rlhfjob.contract import EventReason
 
 
@@ -35,6 +36,53 @@ def record_heartbeat(b: PlanBuilder) -> None:
             b.status.last_checkpoint = CheckpointRef(
                 step=beat.checkpoint_step, path=beat.checkpoint_path, time=beat.renewed
             )
+    record_research(b, beat)
+
+
+def record_research(b: PlanBuilder, beat: HeartbeatView) -> None:
+    """The latest held-out evaluation, the export, and trackers that lost metrics: into the
+    status and Events. An export path outside the job's own places is not believed (a job's
+    pods write its Lease)."""
+    known = b.status.evaluation
+    if beat.eval_step is not None and (known is None or known.step != beat.eval_step):
+        b.status.evaluation = EvaluationResult(
+            step=beat.eval_step,
+            score=beat.eval_score,
+            accuracy=beat.eval_accuracy,
+            pass_at_k=beat.eval_pass_at_k,
+            time=beat.renewed,
+        )
+        figures = ", ".join(
+            f"{name} {value:.3f}"
+            for name, value in (
+                ("score", beat.eval_score),
+                ("accuracy", beat.eval_accuracy),
+                ("pass@k", beat.eval_pass_at_k),
+            )
+            if value is not None
+        )
+        b.event("Normal", EventReason.EVALUATED, f"held-out at step {beat.eval_step}: {figures}")
+    exported = b.status.export
+    if (
+        beat.export_step is not None
+        and beat.export_path
+        and contract.is_job_output(b.job, beat.export_path)
+        and (
+            exported is None
+            or (exported.step, exported.path) != (beat.export_step, beat.export_path)
+        )
+    ):
+        b.status.export = ExportRef(step=beat.export_step, path=beat.export_path, time=beat.renewed)
+        b.event("Normal", EventReason.EXPORTED, f"step {beat.export_step} at {beat.export_path}")
+    failures = beat.tracking_failures or 0
+    if failures > b.status.tracking_failures:
+        b.status.tracking_failures = failures
+        b.event(
+            "Warning",
+            EventReason.TRACKING_UNAVAILABLE,
+            f"{failures} calls to experiment trackers given up so far; training goes on "
+            "(the step log and TensorBoard files keep every metric)",
+        )
 
 
 def note_trainer_pods(b: PlanBuilder) -> None:

@@ -270,9 +270,6 @@ class Estimator:
     def uses_critic(self) -> bool:
         return self.choice.uses_critic
 
-    def samples_per_prompt(self, algorithm: AlgorithmSpec) -> int:
-        return algorithm.samples_per_prompt
-
 
 ESTIMATORS: Registry[Estimator] = Registry("spec.algorithm.name")
 

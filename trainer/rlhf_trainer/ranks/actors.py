@@ -11,7 +11,7 @@ own shard (`ShardPlan`), so ranks always run the same number of micro-batches, a
 collective parameter gathers require. Per-rank results come back in rank order and the driver
 reassembles them with `ShardPlan.unshard`.
 
-`WorkerGroup` is the driver's handle on one role's ranks.
+`rlhf_trainer.ranks.group.WorkerGroup` is the driver's handle on one role's ranks.
 """
 
 from __future__ import annotations
@@ -50,21 +50,22 @@ from rlhf_trainer.modeling.zero import (
     skip_unused_deepspeed_builds,
     zero_stage,
 )
-from rlhf_trainer.ranks.adoption import spec_digest, spec_json
+from rlhf_trainer.ranks.adoption import spec_digest
+from rlhf_trainer.rollout import sync_plan
 from rlhf_trainer.rollout import weight_sync as ws
 from rlhf_trainer.rollout.base import Completion, SamplingParams
 from rlhf_trainer.rollout.colocated import ColocatedEngine
 from rlhf_trainer.state import checkpoint as ckpt
-from rlhf_trainer.state import reshard
-from rlhf_trainer.topology import role_ranks, rollout_rows
-from rlhfjob.api import ModelSpec, RLHFJobSpec, RoleSpec, ray_resource
+from rlhf_trainer.state import export, reshard
+from rlhf_trainer.topology import rollout_rows
+from rlhfjob.api import ModelSpec, RLHFJobSpec
 
 logger = logging.getLogger(__name__)
 
 DIST_TIMEOUT = timedelta(minutes=10)
 """How long a collective may wait for a peer before the group fails (a dead rank, not a hang)."""
 CPU_SYNC_BUCKET_BYTES = 1 << 20
-"""Weight-sync bucket size on the CPU (GPUs use `weight_sync.DEFAULT_BUCKET_BYTES`)."""
+"""Weight-sync bucket size on the CPU (GPUs use `sync_plan.DEFAULT_BUCKET_BYTES`)."""
 
 
 def free_port() -> int:
@@ -273,6 +274,8 @@ class ZeroWorker:
         def write() -> None:
             state.write(target)
             ckpt.save_rng_state(rng, target / reshard.rng_file(self.rank))
+            if self.rank == 0 and self.state_dir == export.POLICY_DIR:  # config, tokenizer
+                export.save_model_files(self.spec.model, target / export.MODEL_FILES_DIR)
 
         self._write = self._writer.submit(write)
 
@@ -338,7 +341,7 @@ class PolicyWorker(ZeroWorker):
     second, optimizer-less ZeRO-3 engine over the same group).
     """
 
-    state_dir = "policy"
+    state_dir = export.POLICY_DIR
     rollout: ColocatedEngine | None = None
     """This rank's own rollout engine when the rollout is colocated
     (`rlhf_trainer.rollout.colocated`)."""
@@ -449,7 +452,7 @@ class PolicyWorker(ZeroWorker):
     def state_dict(self) -> dict[str, Tensor] | None:
         """All full parameters, copied, on rank 0 (None on the others). Every rank must call it."""
         gathered = {}
-        for name, tensor in ws.iter_zero3_parameters(self.engine.module):
+        for name, tensor in sync_plan.iter_zero3_parameters(self.engine.module):
             if self.rank == 0:
                 gathered[name] = tensor.detach().to("cpu", copy=True)
         return gathered if self.rank == 0 else None
@@ -488,20 +491,20 @@ class PolicyWorker(ZeroWorker):
             raise ws.WeightSyncError("open_weight_sync() first")
         self.sender.connect()
 
-    def weight_sync_plan(self, version: int) -> ws.SyncPlan:
+    def weight_sync_plan(self, version: int) -> sync_plan.SyncPlan:
         """The bucket layout of a sync, from parameter metadata only (no gather)."""
-        bucket_bytes = ws.DEFAULT_BUCKET_BYTES if self.on_gpu else CPU_SYNC_BUCKET_BYTES
-        metadata = ws.zero3_parameter_metadata(self.engine.module)
-        return ws.plan_weight_sync(metadata, version, bucket_bytes)
+        bucket_bytes = sync_plan.DEFAULT_BUCKET_BYTES if self.on_gpu else CPU_SYNC_BUCKET_BYTES
+        metadata = sync_plan.zero3_parameter_metadata(self.engine.module)
+        return sync_plan.plan_weight_sync(metadata, version, bucket_bytes)
 
-    def send_weights(self, plan: ws.SyncPlan) -> ws.SyncStats | None:
+    def send_weights(self, plan: sync_plan.SyncPlan) -> ws.SyncStats | None:
         """Gather parameters a module at a time (all ranks); rank 0 broadcasts them.
 
         The gathers are collective, so every rank runs the iterator to its end, rank 0 too when
         its send fails part-way (a rollout engine died): otherwise the other ranks would wait
         in a gather forever and the next call would pair mismatched collectives.
         """
-        parameters = ws.iter_zero3_parameters(self.engine.module)
+        parameters = sync_plan.iter_zero3_parameters(self.engine.module)
         try:
             if self.rank == 0:
                 if self.sender is None:
@@ -518,7 +521,7 @@ class PolicyWorker(ZeroWorker):
     def load(self, directory: str, step: int) -> None:
         """The policy's state from checkpoint `directory` of training step `step`."""
         self._for_training()
-        self._load_engine(self.engine, Path(directory) / "policy", step)
+        self._load_engine(self.engine, Path(directory) / export.POLICY_DIR, step)
 
 
 class ReferenceWorker(ZeroWorker):
@@ -593,122 +596,3 @@ class CriticWorker(ZeroWorker):
     def load(self, directory: str, step: int) -> None:
         """The critic's state from checkpoint `directory` of training step `step`."""
         self._load_engine(self.engine, Path(directory) / "critic", step)
-
-
-def rank_name(role: str, rank: int) -> str:
-    """The actor name of one rank of a role (named actors live in the job's Ray namespace)."""
-    return f"{role}-rank-{rank}"
-
-
-class WorkerGroup:
-    """The driver's handle on one role's ranks: start them, call them all, gather results.
-
-    Each rank is a Ray actor that requests one unit of the role's custom resource (and one GPU
-    when the role has GPUs), so it lands on the role's node pool. Construction starts the ranks
-    and returns; `wait_ready` waits for them, so several groups can start side by side. With
-    `detached`, the ranks are named (`rank_name`) and outlive the driver, and the next driver
-    adopts them (`rlhf_trainer.run.startup.adopt_group`, `of_actors`; see
-    `rlhf_trainer.ranks.adoption`).
-    """
-
-    def __init__(
-        self,
-        worker_class: type[ZeroWorker],
-        spec: RLHFJobSpec,
-        role: str,
-        role_spec: RoleSpec,
-        total_optimizer_steps: int,
-        setup_timeout_s: float = 600.0,
-        *,
-        detached: bool = False,
-        world_size: int | None = None,
-    ) -> None:
-        import ray
-
-        self._init(spec, role, role_spec, setup_timeout_s, world_size)
-        on_gpu = role_spec.gpus > 0
-        remote: Any = ray.remote  # its typed overloads do not list concurrency_groups
-        actor_class: Any = remote(concurrency_groups={CHECKPOINT_WRITES: 1})(worker_class)
-        options: dict[str, Any] = {
-            "num_cpus": 0 if not on_gpu else 1,
-            "num_gpus": 1 if on_gpu else 0,
-            "resources": {ray_resource(role): 1},
-            "max_restarts": 0,
-        }
-        json_text = spec_json(spec)
-        for rank in range(self.world_size):
-            naming = {"name": rank_name(role, rank), "lifetime": "detached"} if detached else {}
-            self.actors.append(
-                actor_class.options(**options, **naming).remote(json_text, rank, self.world_size)
-            )
-        address, port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=setup_timeout_s)
-        self._setup += [a.setup.remote(address, port, total_optimizer_steps) for a in self.actors]
-
-    def _init(
-        self,
-        spec: RLHFJobSpec,
-        role: str,
-        role_spec: RoleSpec,
-        setup_timeout_s: float,
-        world_size: int | None,
-    ) -> None:
-        self.role = role
-        self.world_size = role_ranks(role_spec) if world_size is None else world_size
-        """The spec's ranks of the role, unless the run was started with others
-        (`RunContext.zero_ranks`): the global batch is the same either way (`ShardPlan`)."""
-        self.plan = ShardPlan(rollout_rows(spec), self.world_size, spec.algorithm.micro_batch_size)
-        self.setup_timeout_s = setup_timeout_s
-        self.actors: list[Any] = []
-        self._setup: list[Any] = []
-
-    @classmethod
-    def of_actors(
-        cls,
-        spec: RLHFJobSpec,
-        role: str,
-        role_spec: RoleSpec,
-        actors: list[Any],
-        setup_timeout_s: float = 600.0,
-    ) -> WorkerGroup:
-        """A handle on ranks that run already, set up (adopted ones: `rlhf_trainer.run.startup`)."""
-        group = cls.__new__(cls)
-        group._init(spec, role, role_spec, setup_timeout_s, len(actors))
-        group.actors = list(actors)
-        return group
-
-    def wait_ready(self) -> WorkerGroup:
-        """Block until every rank has joined the group and built its engines."""
-        self.wait(self._setup, timeout=self.setup_timeout_s)
-        return self
-
-    def submit(self, method: str, *args: Any, concurrency_group: str | None = None) -> list[Any]:
-        """Start `method(*args)` on every rank (in `concurrency_group`, else the ranks' one
-        training thread); returns the Ray object refs in rank order."""
-        calls = [getattr(actor, method) for actor in self.actors]
-        if concurrency_group is not None:
-            calls = [call.options(concurrency_group=concurrency_group) for call in calls]
-        return [call.remote(*args) for call in calls]
-
-    @staticmethod
-    def wait(refs: list[Any], timeout: float | None = None) -> list[Any]:
-        import ray
-
-        return list(ray.get(refs, timeout=timeout))
-
-    def call(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
-        """`method(*args)` on every rank; the results in rank order."""
-        return self.wait(self.submit(method, *args), timeout=timeout)
-
-    def unshard(self, refs: list[Any], timeout: float | None = None) -> Tensor:
-        """Wait for per-shard results (refs in rank order) and reassemble them in batch order."""
-        return self.plan.unshard(self.wait(refs, timeout=timeout))
-
-    def call_sharded(self, method: str, batch_ref: Any, timeout: float | None = None) -> Tensor:
-        """A per-row result computed shard by shard, reassembled in batch order."""
-        return self.unshard(self.submit(method, batch_ref), timeout=timeout)
-
-    def shutdown(self) -> None:
-        import ray
-
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)

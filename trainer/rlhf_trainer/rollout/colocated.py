@@ -42,13 +42,15 @@ from rlhf_trainer.rollout.base import (
     SamplingParams,
     SyncResult,
 )
-from rlhf_trainer.rollout.engines import HFEngine, ModelSource, VLLMEngine
-from rlhf_trainer.rollout.weight_sync import (
+from rlhf_trainer.rollout.engines import HFEngine
+from rlhf_trainer.rollout.model_source import ModelSource
+from rlhf_trainer.rollout.sync_plan import (
     NamedTensors,
     ParameterGroups,
     iter_module_parameters,
     parameter_groups,
 )
+from rlhf_trainer.rollout.vllm_engine import VLLMEngine
 from rlhf_trainer.seeds import derive_seed
 from rlhfjob.api import RLHFJobSpec
 

@@ -32,6 +32,8 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from rlhf_trainer.run.curves import EVALUATION_KIND
+
 # Metric names: the single source of truth.
 STEP = "rlhf_trainer_step"
 STEP_DURATION_SECONDS = "rlhf_trainer_step_duration_seconds"
@@ -55,6 +57,9 @@ CHECKPOINT_UPLOADED_STEP = "rlhf_trainer_checkpoint_uploaded_step"
 ROLLOUT_ENGINES = "rlhf_trainer_rollout_engines"
 STARTUP_SECONDS = "rlhf_trainer_startup_seconds"
 DATASET_PROMPTS = "rlhf_trainer_dataset_prompts"
+EVALUATION = "rlhf_trainer_evaluation"
+EVALUATION_STEP = "rlhf_trainer_evaluation_step"
+TRACKING_FAILURES_TOTAL = "rlhf_trainer_tracking_failures_total"
 
 METRIC_NAMES = (
     STEP,
@@ -91,6 +96,9 @@ PHASE_LABEL = "phase"
 STATE_LABEL = "state"
 OUTCOME_LABEL = "outcome"
 COMPONENT_LABEL = "component"
+FIGURE_LABEL = "figure"
+SOURCE_LABEL = "source"
+BACKEND_LABEL = "backend"
 PROMPT_OUTCOMES = ("kept", "truncated", "skipped")
 """What loading did with each prompt (dataset.overlongPrompts)."""
 ENGINES_LIVE = "live"
@@ -102,6 +110,7 @@ PHASE_ADVANTAGE = "advantage"
 PHASE_UPDATE = "update"
 PHASE_SYNC = "sync"
 PHASE_CHECKPOINT = "checkpoint"
+PHASE_EVALUATE = "evaluate"
 PHASES = (
     PHASE_GENERATE,
     PHASE_REWARD,
@@ -110,7 +119,21 @@ PHASES = (
     PHASE_UPDATE,
     PHASE_SYNC,
     PHASE_CHECKPOINT,
+    PHASE_EVALUATE,
 )
+
+ALL_SOURCES = "all"
+"""The `source` label of figures over the whole held-out set."""
+
+
+def evaluation_figures(record: dict[str, Any]) -> dict[str, float]:
+    """An evaluation record's figures over the whole set: score, accuracy, pass@k, mean@k."""
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key in ("score", "accuracy") or key.startswith(("pass@", "mean@"))
+    }
+
 
 # From tiny CPU steps (milliseconds) to large GPU generations (tens of minutes).
 DURATION_BUCKETS_SECONDS = (
@@ -149,33 +172,12 @@ def _counter_base(name: str) -> str:
     return name.removesuffix("_total")
 
 
-class TrainerMetrics:
-    """All trainer metrics for one run, plus the per-step JSON-lines record.
+class TrainerSeries:
+    """The Prometheus series a trainer exports, each defined once; `TrainerMetrics` records
+    into them."""
 
-    Durations and counts reported during a step (phases, generation, weight sync, checkpoints)
-    are accumulated and written, with the step's scalars, as one JSON object per line by
-    :meth:`end_step`. A resumed run appends to the same file, so a step may appear twice; the
-    later line wins. Every record carries the driver's `attempt` (so a log can be grouped by
-    attempt) and the number of live rollout engines.
-    """
-
-    def __init__(
-        self,
-        registry: CollectorRegistry | None = None,
-        jsonl_path: Path | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        attempt: int = 0,
-    ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self._clock = clock
-        self.attempt = attempt
-        self._rollout_engines: int | None = None
-        self._lock = threading.Lock()
-        self.jsonl_path = Path(jsonl_path) if jsonl_path is not None else None
-        if self.jsonl_path is not None:
-            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
-
-        registry = self.registry
+    def _step_series(self, registry: CollectorRegistry) -> None:
+        """How fast steps and their phases, generation and weight syncs go."""
         self.step = Gauge(STEP, "Last completed training step.", registry=registry)
         self.step_duration = Histogram(
             STEP_DURATION_SECONDS,
@@ -211,6 +213,26 @@ class TrainerMetrics:
             "Bytes broadcast by weight syncs.",
             registry=registry,
         )
+        for phase in PHASES:  # expose every phase from the start, so dashboards see zeros
+            self.phase_duration.labels(phase)
+
+    def _score_series(self, registry: CollectorRegistry) -> None:
+        """What the last step scored: rewards, KL, losses, staleness; the held-out set."""
+        self.evaluation = Gauge(
+            EVALUATION,
+            "Latest held-out evaluation: score, accuracy, pass@k, mean@k, by data source.",
+            [FIGURE_LABEL, SOURCE_LABEL],
+            registry=registry,
+        )
+        self.evaluation_step = Gauge(
+            EVALUATION_STEP, "Step of the latest held-out evaluation.", registry=registry
+        )
+        self.tracking_failures = Counter(
+            _counter_base(TRACKING_FAILURES_TOTAL),
+            "Calls to an experiment tracker given up (training goes on).",
+            [BACKEND_LABEL],
+            registry=registry,
+        )
         self.reward_mean = Gauge(REWARD_MEAN, "Mean reward of the last step.", registry=registry)
         self.reward_std = Gauge(
             REWARD_STD, "Standard deviation of rewards in the last step.", registry=registry
@@ -237,6 +259,9 @@ class TrainerMetrics:
             "Policy versions between the trainer and the weights that generated the samples.",
             registry=registry,
         )
+
+    def _run_series(self, registry: CollectorRegistry) -> None:
+        """The run around the steps: checkpoints, uploads, roles' actors, start-up, dataset."""
         self.checkpoints = Counter(
             _counter_base(CHECKPOINTS_TOTAL), "Checkpoints completed.", registry=registry
         )
@@ -273,9 +298,37 @@ class TrainerMetrics:
             [OUTCOME_LABEL],
             registry=registry,
         )
-        for phase in PHASES:  # expose every phase from the start, so dashboards see zeros
-            self.phase_duration.labels(phase)
 
+
+class TrainerMetrics(TrainerSeries):
+    """All trainer metrics for one run, plus the per-step JSON-lines record.
+
+    Durations and counts reported during a step (phases, generation, weight sync, checkpoints)
+    are accumulated and written, with the step's scalars, as one JSON object per line by
+    :meth:`end_step`. A resumed run appends to the same file, so a step may appear twice; the
+    later line wins. Every record carries the driver's `attempt` (so a log can be grouped by
+    attempt) and the number of live rollout engines.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        jsonl_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        attempt: int = 0,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
+        self.attempt = attempt
+        self._rollout_engines: int | None = None
+        self._lock = threading.Lock()
+        self.jsonl_path = Path(jsonl_path) if jsonl_path is not None else None
+        if self.jsonl_path is not None:
+            self.jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+
+        self._step_series(self.registry)
+        self._score_series(self.registry)
+        self._run_series(self.registry)
         self._step_started_at = self._clock()
         self._pending = self._empty_step_record()
 
@@ -438,11 +491,32 @@ class TrainerMetrics:
             **pending,
             **dict(extra or {}),
         }
+        self._append(record)
+        return record
+
+    def record_evaluation(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A held-out evaluation (`rlhf_trainer.run.evaluation`): its gauges and its line in the
+        step log (`kind: evaluation`), with the seconds it took."""
+        with self._lock:
+            seconds = self._pending["phase_seconds"].pop(PHASE_EVALUATE, 0.0)
+        record = {"kind": EVALUATION_KIND, "time": time.time(), "seconds": seconds} | record
+        self.evaluation_step.set(record["step"])
+        for figure, value in evaluation_figures(record).items():
+            self.evaluation.labels(figure, ALL_SOURCES).set(value)
+        for source, figures in (record.get("by_source") or {}).items():
+            for figure, value in figures.items():
+                self.evaluation.labels(figure, source).set(value)
+        self._append(record)
+        return record
+
+    def record_tracking_failure(self, backend: str) -> None:
+        self.tracking_failures.labels(backend).inc()
+
+    def _append(self, record: dict[str, Any]) -> None:
         if self.jsonl_path is not None:
-            # Opened per line: nothing to close, and every finished step is on disk.
+            # Opened per line: nothing to close, and every finished line is on disk.
             with self.jsonl_path.open("a", encoding="utf-8") as log:
                 log.write(json.dumps(record) + "\n")
-        return record
 
 
 @dataclass

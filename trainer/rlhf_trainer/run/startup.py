@@ -20,12 +20,13 @@ import contextlib
 import importlib.metadata
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlhf_trainer import topology
 from rlhf_trainer.algo.experience import ESTIMATORS
 from rlhf_trainer.algo.losses import POLICY_LOSSES
+from rlhf_trainer.data.heldout import load_held_out
 from rlhf_trainer.data.prompts import PromptCounts, PromptItem, fit_prompts, load_prompts
 from rlhf_trainer.data.tokenizer import check_stop_strings, decoder, load_tokenizer, stop_token_ids
 from rlhf_trainer.modeling.networks import (
@@ -34,14 +35,7 @@ from rlhf_trainer.modeling.networks import (
     check_kernels,
     model_config,
 )
-from rlhf_trainer.ranks.actors import (
-    CriticWorker,
-    PolicyWorker,
-    ReferenceWorker,
-    WorkerGroup,
-    ZeroWorker,
-    rank_name,
-)
+from rlhf_trainer.ranks.actors import CriticWorker, PolicyWorker, ReferenceWorker, ZeroWorker
 from rlhf_trainer.ranks.adoption import (
     DEFAULT_ADOPT_TIMEOUT_S,
     kill_actors_of_other_specs,
@@ -49,22 +43,19 @@ from rlhf_trainer.ranks.adoption import (
     spec_digest,
     spec_json,
 )
-from rlhf_trainer.registry import Registry
+from rlhf_trainer.ranks.group import Groups, WorkerGroup, rank_name
 from rlhf_trainer.rewards.functions import (
     CombinedReward,
     Decode,
-    ModelReward,
     RewardFunctionError,
-    RewardPart,
-    RuleReward,
-    Score,
 )
-from rlhf_trainer.rewards.remote import RemoteReward
+from rlhf_trainer.rewards.sources import build_reward
 from rlhf_trainer.rollout.base import Rollout
 from rlhf_trainer.rollout.colocated import ColocatedRollout
-from rlhf_trainer.rollout.engines import EngineLauncher, ModelSource, engine_id_from_name
+from rlhf_trainer.rollout.engines import EngineLauncher, engine_id_from_name
 from rlhf_trainer.rollout.fleet import RolloutFleet
-from rlhfjob.api import RewardSourceSpec, RLHFJobSpec, RoleSpec
+from rlhf_trainer.rollout.model_source import ModelSource
+from rlhfjob.api import RLHFJobSpec, RoleSpec
 
 if TYPE_CHECKING:
     from rlhf_trainer.rewards.model import RewardModelFleet
@@ -98,6 +89,8 @@ class Inputs:
     """What `dataset.overlongPrompts` did to the dataset."""
     decode: Decode | None = None
     """Token ids to text with the job's tokenizer (None: the job has none)."""
+    held_out: list[PromptItem] = field(default_factory=list)
+    """The held-out prompts `spec.evaluation` scores; never trained on."""
 
 
 def check_ray_version(spec: RLHFJobSpec, installed: str | None = None) -> None:
@@ -136,6 +129,7 @@ def load_inputs(
         prompts, counts = fit_prompts(
             prompts, spec.algorithm.max_prompt_length, spec.dataset.overlong_prompts
         )
+        prompts, held_out = load_held_out(spec, prompts, tokenizer)
     except (RewardFunctionError, ValueError, OSError) as error:
         raise NonRetryableError(str(error)) from error
     if counts.truncated or counts.skipped:
@@ -153,53 +147,8 @@ def load_inputs(
         stop_token_ids=stop_token_ids(spec, tokenizer),
         prompt_counts=counts,
         decode=decode,
+        held_out=held_out,
     )
-
-
-RewardSourceBuilder = Callable[[str, RewardSourceSpec, RLHFJobSpec, Decode | None], Score]
-"""Builds the scorer of one reward source: (its name, the source, the spec, the decoder)."""
-REWARD_SOURCES: Registry[RewardSourceBuilder] = Registry("spec.reward.type")
-"""How each `reward.type` (and component type) scores: the API's choices, one builder each."""
-
-
-@REWARD_SOURCES.register("function")
-def _function_reward(
-    name: str, source: RewardSourceSpec, spec: RLHFJobSpec, decode: Decode | None
-) -> Score:
-    assert source.function is not None  # the API requires it
-    return RuleReward.from_spec(source.function, decode)
-
-
-@REWARD_SOURCES.register("remote")
-def _remote_reward(
-    name: str, source: RewardSourceSpec, spec: RLHFJobSpec, decode: Decode | None
-) -> Score:
-    assert source.remote is not None  # the API requires it
-    return RemoteReward.from_spec(source.remote, decode, name=name)
-
-
-@REWARD_SOURCES.register("model")
-def _model_reward(
-    name: str, source: RewardSourceSpec, spec: RLHFJobSpec, decode: Decode | None
-) -> Score:
-    if decode is None:
-        raise RewardFunctionError(
-            name,
-            "a reward model scores text, which needs a tokenizer: set "
-            "spec.model.tokenizer, or use a policy directory with one",
-        )
-    return ModelReward(decode, spec.reward.batch_size)
-
-
-def build_reward(spec: RLHFJobSpec, decode: Decode | None) -> CombinedReward:
-    """The job's reward from `spec.reward`: a rule function, the reward-model role, a remote
-    server, or a weighted sum of them. RewardFunctionError when a source is unusable,
-    UnknownNameError (a ValueError) for a type this trainer has no scorer of."""
-    parts = [
-        RewardPart(name, weight, REWARD_SOURCES[source.type](name, source, spec, decode))
-        for name, source, weight in spec.reward.sources()
-    ]
-    return CombinedReward(parts, normalize=spec.reward.normalize)
 
 
 def check_model_config(spec: RLHFJobSpec) -> None:
@@ -284,22 +233,6 @@ def engine_launcher(spec: RLHFJobSpec, *, detached: bool) -> EngineLauncher | No
 
 # --------------------------------------------------------------------------------------------
 # The result
-
-
-@dataclass(frozen=True)
-class Groups:
-    """The ZeRO-3 groups of a run."""
-
-    policy: WorkerGroup
-    reference: WorkerGroup | None = None
-    critic: WorkerGroup | None = None
-
-    def all(self) -> list[WorkerGroup]:
-        return [g for g in (self.policy, self.reference, self.critic) if g is not None]
-
-    @classmethod
-    def of(cls, by_role: Mapping[str, WorkerGroup]) -> Groups:
-        return cls(by_role["trainer"], by_role.get("reference"), by_role.get("critic"))
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from rlhf_trainer.state.checkpoint import (
     contained_path,
     plain_relative,
 )
+from rlhfjob import contract
 from rlhfjob.api import (
     ENV_OBJECT_STORE_ACCESS_KEY_ID,
     ENV_OBJECT_STORE_SECRET_ACCESS_KEY,
@@ -57,10 +58,10 @@ UPLOAD_ATTEMPTS = 3
 
 
 def job_prefix(job: RLHFJob) -> str:
-    """Where one job's checkpoints live in its bucket: ``<prefix><namespace>/<name>/``."""
-    store = job.spec.checkpoint.object_store
-    assert store is not None
-    return f"{store.prefix}{job.metadata.namespace}/{job.metadata.name}/"
+    """Where one job's checkpoints live in its bucket (`rlhfjob.contract.bucket_prefix`)."""
+    prefix = contract.bucket_prefix(job)
+    assert prefix is not None
+    return prefix
 
 
 def s3_client(job: RLHFJob, environ: Mapping[str, str] = os.environ) -> Any:
@@ -153,6 +154,16 @@ class BucketTier:
             lambda: self.client.put_object(Bucket=self.bucket, Key=manifest_key, Body=manifest)
         )
         return sent + len(manifest)
+
+    def upload_tree(self, local: Path, relative: str) -> str:
+        """Copy every file under `local` to `<prefix><relative>/` (the exported model, not a
+        checkpoint: pruning never touches it); returns its URL."""
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            key = f"{self.prefix}{relative}/{path.relative_to(local).as_posix()}"
+            self._with_retries(
+                lambda p=path, k=key: self.client.upload_file(str(p), self.bucket, k)
+            )
+        return f"s3://{self.bucket}/{self.prefix}{relative}/"
 
     @staticmethod
     def _with_retries(call: Any) -> None:

@@ -1,0 +1,150 @@
+"""Arithmetic questions: a real text task for GRPO on a small instruct model.
+
+Each record is one chat turn asking for a sum, difference or product of small integers, with the
+number as its ``answer``, so ``rlhf_trainer.rewards.text:exact_answer`` scores responses as they
+are (the last number of the response, or what follows "answer:", must equal it)::
+
+    {"prompt": [{"role": "user", "content": "What is 12 + 7? Answer with just the number."}],
+     "answer": "19", "data_source": "arithmetic/add"}
+
+Point ``dataset.source`` at ``train.jsonl`` with ``dataset.promptField: prompt``.
+The ranges are chosen so that SmolLM2-135M-Instruct (greedy, 16 new tokens) starts near 0.2
+accuracy on the test split: low enough to show learning, high enough that GRPO groups are not
+all zero. Train and test never share a question (``a + b`` and ``b + a`` count as the same one),
+and both depend only on the seed.
+
+    python -m rlhf_trainer.data.arithmetic OUT_DIR --train 2000 --test 200 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+INSTRUCTION = "Answer with just the number."
+"""Asks for a short final answer: 16 new tokens are then enough, and the number is the last one."""
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One kind of question: its symbol, the operand range (inclusive) and whether order matters."""
+
+    name: str
+    symbol: str
+    low: int
+    high: int
+    commutative: bool
+
+    def apply(self, a: int, b: int) -> int:
+        if self.name == "add":
+            return a + b
+        if self.name == "sub":
+            return a - b
+        return a * b
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every distinct question once: ``a >= b`` (sums and products are symmetric, and a
+        difference of ``a >= b`` is never negative)."""
+        span = range(self.low, self.high + 1)
+        return [(a, b) for a in span for b in span if a >= b]
+
+
+OPERATIONS = (
+    Operation("add", "+", 10, 99, commutative=True),
+    Operation("sub", "-", 10, 99, commutative=False),
+    Operation("mul", "*", 3, 19, commutative=True),
+)
+"""Two-digit sums and differences and products up to 19 x 19 (see the module docstring)."""
+
+
+def question(operation: Operation, a: int, b: int) -> str:
+    return f"What is {a} {operation.symbol} {b}? {INSTRUCTION}"
+
+
+def record(operation: Operation, a: int, b: int) -> dict[str, Any]:
+    """One JSON-lines record in the form `rlhf_trainer.data.prompts` reads."""
+    return {
+        "prompt": [{"role": "user", "content": question(operation, a, b)}],
+        "answer": str(operation.apply(a, b)),
+        "data_source": f"arithmetic/{operation.name}",
+    }
+
+
+def _interleaved(seed: int, operations: Sequence[Operation]) -> Iterator[dict[str, Any]]:
+    """Every question of every operation, shuffled by ``seed`` and taken from the operations in
+    turn, so any prefix is balanced across them."""
+    rng = random.Random(seed)
+    queues = []
+    for operation in operations:
+        pairs = operation.pairs()
+        rng.shuffle(pairs)
+        # A commutative question shows its operands in either order.
+        queues.append(
+            [
+                (operation, *((b, a) if operation.commutative and rng.random() < 0.5 else (a, b)))
+                for a, b in pairs
+            ]
+        )
+    for position in range(max(len(queue) for queue in queues)):
+        for queue in queues:
+            if position < len(queue):
+                yield record(*queue[position])
+
+
+def splits(
+    train: int, test: int, seed: int = 0, operations: Sequence[Operation] = OPERATIONS
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Disjoint train and test records: test is the first ``test`` of one seeded order, train the
+    next ``train``. ValueError when there are not that many distinct questions."""
+    available = sum(len(operation.pairs()) for operation in operations)
+    if train < 0 or test < 0 or train + test > available:
+        raise ValueError(f"asked for {train} + {test} questions; there are {available}")
+    records = _interleaved(seed, operations)
+    test_records = [next(records) for _ in range(test)]
+    train_records = [next(records) for _ in range(train)]
+    return train_records, test_records
+
+
+def write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        for item in records:
+            out.write(json.dumps(item) + "\n")
+
+
+def write_splits(out_dir: Path | str, train: int, test: int, seed: int = 0) -> tuple[Path, Path]:
+    """Write ``train.jsonl`` and ``test.jsonl`` under ``out_dir``; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_records, test_records = splits(train, test, seed)
+    train_path, test_path = out_dir / "train.jsonl", out_dir / "test.jsonl"
+    write_jsonl(train_path, train_records)
+    write_jsonl(test_path, test_records)
+    return train_path, test_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlhf_trainer.data.arithmetic",
+        description="Write arithmetic train.jsonl and test.jsonl (disjoint questions).",
+    )
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--train", type=int, default=2000)
+    parser.add_argument("--test", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        paths = write_splits(args.out_dir, args.train, args.test, args.seed)
+    except ValueError as error:
+        parser.error(str(error))
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
