@@ -112,7 +112,9 @@ def versions() -> dict[str, str | None]:
 def run_logged(command: list[str], log: Path, env: dict[str, str], cwd: Path) -> int:
     print("$", " ".join(command), flush=True)
     with log.open("a") as out:
-        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd).returncode
+        return subprocess.run(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd
+        ).returncode
 
 
 def job_document(args: argparse.Namespace, model_dir: Path, data_dir: Path) -> dict[str, Any]:
@@ -308,11 +310,19 @@ def job(args: argparse.Namespace) -> int:
             start_new_session=True,
         )  # fmt: skip
         stopped = False
-        while process.poll() is None:
-            if args.deadline and not stopped and time.perf_counter() - started > args.deadline:
-                os.killpg(process.pid, signal.SIGTERM)  # finish the step, checkpoint, exit
-                stopped = True
-            time.sleep(1.0)
+        try:
+            while process.poll() is None:
+                late = args.deadline and time.perf_counter() - started > args.deadline
+                if late and not stopped:
+                    os.killpg(process.pid, signal.SIGTERM)  # finish the step, checkpoint, exit
+                    stopped = True
+                time.sleep(1.0)
+        finally:  # interrupted (a time limit): take the job and its local Ray along
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                ray_cli = "from ray.scripts.scripts import main; main()"
+                subprocess.run([sys.executable, "-c", ray_cli, "stop", "--force"], env=env)
     wall = time.perf_counter() - started
     text = log.read_text()
     ready = READY.findall(text)

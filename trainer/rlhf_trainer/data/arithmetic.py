@@ -8,10 +8,14 @@ are (the last number of the response, or what follows "answer:", must equal it):
      "answer": "19", "data_source": "arithmetic/add"}
 
 Point ``dataset.source`` at ``train.jsonl`` with ``dataset.promptField: prompt``.
-The ranges are chosen so that SmolLM2-135M-Instruct (greedy, 16 new tokens) starts near 0.2
-accuracy on the test split: low enough to show learning, high enough that GRPO groups are not
-all zero. Train and test never share a question (``a + b`` and ``b + a`` count as the same one),
-and both depend only on the seed.
+
+The ranges are chosen so that SmolLM2-135M-Instruct starts low but not at zero: greedy with 16
+new tokens on CPU it answered 22 of the 150 questions of the seed-0 test split (0.15; sums 0.14,
+differences 0.08, products 0.22), mostly by opening with "To solve this, ..." and running out
+of tokens, which GRPO can train away. Operands up to 50 with times tables scored 0.35, up to 20
+0.42, three-digit ones 0.02. Train and test never share a question (``a + b`` and ``b + a``
+count as the same one), and both depend only on the seed. There are 153 products: beyond about
+460 records a split holds only sums and differences.
 
     python -m rlhf_trainer.data.arithmetic OUT_DIR --train 2000 --test 200 --seed 0
 """

@@ -101,7 +101,8 @@ def is_current(directory: Path, gguf_sha256: str) -> bool:
     manifest = _manifest(directory)
     if manifest is None or manifest.get("converter") != CONVERTER_VERSION:
         return False
-    if manifest.get("source", {}).get("sha256") != gguf_sha256:
+    source = manifest.get("source")
+    if not isinstance(source, dict) or source.get("sha256") != gguf_sha256:
         return False
     return bool(manifest.get("files")) and manifest["files"] == _produced_files(directory)
 
@@ -188,8 +189,9 @@ def converted(gguf_path: Path, target: Path) -> Path:
             return target
         if target.exists() and any(target.iterdir()) and not (target / MANIFEST).is_file():
             raise FileExistsError(f"{target}: holds files but no {MANIFEST}; not replacing it")
-        for leftover in target.parent.glob(f".{target.name}.tmp-*"):  # a crashed conversion's
-            shutil.rmtree(leftover, ignore_errors=True)
+        for stage in ("tmp", "old"):  # what a crashed conversion left
+            for leftover in target.parent.glob(f".{target.name}.{stage}-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             convert_gguf(gguf_path, staging)
