@@ -73,3 +73,12 @@ def test_render_shows_pod_overrides_and_only_references_to_secrets() -> None:
     assert head["metadata"]["labels"]["team"] == "alignment"
     trainer = cluster["spec"]["workerGroupSpecs"][0]["template"]
     assert trainer["spec"]["containers"][0]["resources"]["limits"]["rdma/ib"] == "1"
+
+
+def test_export_of_something_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    result = _run("export", str(tmp_path / "run"), str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("rlhfjob export: ") and "run" in result.stderr
+    assert not (tmp_path / "out").exists()
