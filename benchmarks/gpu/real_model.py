@@ -163,6 +163,39 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [steps[s] for s in sorted(steps)], [evaluations[s] for s in sorted(evaluations)]
 
 
+def fix_special_tokens(model_dir: Path) -> dict[str, Any]:
+    """Give the converted tokenizer and generation config the GGUF file's own special tokens.
+
+    transformers 5.17 converts this GGUF tokenizer with ``<|im_start|>`` (id 1) as its
+    end-of-sequence token and no padding token, although the file says ``<|im_end|>`` (id 2)
+    for both; the trainer would then not stop a response at the end of the assistant's turn.
+    transformers 5.25 (the trainer image's) reads them right, and this changes nothing."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from rlhf_trainer.modeling import pretrained
+
+    fields = GGUFReader(pretrained.packaged_gguf()).fields
+
+    def token_id(key: str) -> int | None:
+        field = fields.get(f"tokenizer.ggml.{key}")
+        return None if field is None else int(field.parts[field.data[0]][0])
+
+    wanted = {"eos": token_id("eos_token_id"), "pad": token_id("padding_token_id")}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    found = {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
+    if found == wanted:
+        return {"changed": False, "special_tokens": wanted}
+    for key, value in wanted.items():
+        if value is not None:
+            setattr(tokenizer, f"{key}_token", tokenizer.convert_ids_to_tokens(value))
+    tokenizer.save_pretrained(model_dir)
+    generation = GenerationConfig.from_pretrained(model_dir)
+    generation.eos_token_id, generation.pad_token_id = wanted["eos"], wanted["pad"]
+    generation.save_pretrained(model_dir)
+    return {"changed": True, "converted_as": found, "special_tokens": wanted}
+
+
 def evaluate_export(
     export_dir: Path,
     test_file: Path,
@@ -270,6 +303,8 @@ def job(args: argparse.Namespace) -> int:
         if code:
             report.update(error=f"rlhfjob model exited {code}")
             return 1
+    if args.fix_special_tokens:
+        report.update(special_tokens=fix_special_tokens(model_dir))
     data_dir = args.work / "data" / "arithmetic"
     code = run_logged(
         [sys.executable, "-m", "rlhf_trainer.data.arithmetic", str(data_dir), "--train",
@@ -445,6 +480,12 @@ def main() -> int:
     run.add_argument("--deadline", type=float, help="SIGTERM the job after this many seconds")
     run.add_argument("--export-dtype", help="load the export in this dtype (default: its own)")
     run.add_argument("--command", help="the command to record (default: this one)")
+    run.add_argument(
+        "--fix-special-tokens",
+        action="store_true",
+        help="set the converted tokenizer's end-of-sequence and padding tokens from the GGUF "
+        "file (transformers before 5.25 gets them wrong)",
+    )
     run.add_argument("--cpu", action="store_true", help="a smoke test of this script on the CPU")
     run.set_defaults(handler=job)
     copy = sub.add_parser("results", help="copy OUT into benchmarks/results")

@@ -28,6 +28,7 @@ import yaml
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
+from rlhf_trainer.state.export import export_checkpoint  # noqa: E402
 from rlhf_trainer.state.reshard import (  # noqa: E402
     MASTER,
     Copy,
@@ -478,6 +479,12 @@ def test_a_checkpoint_resumes_on_fewer_and_more_ranks_as_if_uninterrupted(
     for role in roles:
         assert read_saved_state(shrunk_store.step_dir(2) / role).world_size == 1
         assert_same_weights(shrunk_store, straight_store, 3, role)
+    # The policy of step 3 exports as the same model whether 2 ranks wrote it or 1.
+    exported = {
+        name: export_checkpoint(store.step_dir(3), tmp_path / f"export-{name}")
+        for name, store in (("two", straight_store), ("one", shrunk_store))
+    }
+    assert_same_export(exported["two"], exported["one"])
 
     # 1 -> 2: the shrunk run's step-2 checkpoint, written by one rank, on two again.
     grown, grown_store = train(
@@ -487,3 +494,19 @@ def test_a_checkpoint_resumes_on_fewer_and_more_ranks_as_if_uninterrupted(
     assert_same_steps(grown, straight)
     for role in roles:
         assert_same_weights(grown_store, straight_store, 4, role)
+
+
+def assert_same_export(got: Path, want: Path) -> None:
+    """Two exported directories hold the same model, up to the ranks' summing order."""
+    from safetensors.torch import load_file
+
+    got_tensors, want_tensors = (load_file(d / "model.safetensors") for d in (got, want))
+    assert got_tensors.keys() == want_tensors.keys()
+    for name, tensor in want_tensors.items():
+        assert got_tensors[name].dtype == tensor.dtype, name
+        torch.testing.assert_close(
+            got_tensors[name], tensor, rtol=0, atol=WEIGHT_TOLERANCE, msg=name
+        )
+    assert json.loads((got / "config.json").read_text()) == json.loads(
+        (want / "config.json").read_text()
+    )
