@@ -117,7 +117,8 @@ def test_annotation_keys_are_stable_and_each_field_says_what_it_means() -> None:
         for name in ("step", "step-time", "total-steps", "phase", "checkpoint-step",
                      "checkpoint-path", "attempt", "rollout-engines", "reward-models",
                      "reward-mean", "tokens-per-second", "checkpoint-requested-at",
-                     "checkpoint-saved-step")
+                     "checkpoint-saved-step", "eval-step", "eval-score", "eval-accuracy",
+                     "eval-pass-at-k", "export-step", "export-path", "tracking-failures")
     ]  # fmt: skip
     assert all(meaning.strip() for meaning in described.values())
     assert contract.LEASE_STOP_REQUESTED_AT == "rlhf.dev/stop-requested-at"
