@@ -110,7 +110,9 @@ def test_a_real_model_is_evaluated_tracked_and_exported(
     experiment = client.get_experiment_by_name(jobs.namespace)
     assert experiment is not None, "the experiment is named after the namespace"
     (run,) = client.search_runs([experiment.experiment_id])
-    assert run.info.run_name.startswith("smollm2-")
+    assert run.info.run_name.startswith("smollm2")
+    figures = set(client.get_run(run.info.run_id).data.metrics)
+    assert {"eval/accuracy", "eval/pass_at_4", "eval/arithmetic/add/accuracy"} <= figures
     assert run.data.params["algorithm.groupSize"] == "2"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")]
     assert sorted(steps) == list(range(1, STEPS + 1))

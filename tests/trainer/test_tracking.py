@@ -29,6 +29,7 @@ from rlhf_trainer.run.tracking import (
     WandbConfig,
     flatten_metrics,
     flatten_params,
+    mlflow_name,
     scrub,
 )
 
@@ -316,3 +317,9 @@ def test_wandb_offline_run_holds_the_logged_values(
     table = json.loads((run_dir / "files" / table_file).read_text())
     assert table["columns"] == ["prompt", "response", "reward", "note"]
     assert table["data"][1] == ["3+3?", "7", 0.0, ""]
+
+
+def test_metric_names_mlflow_refuses_are_rewritten() -> None:
+    assert mlflow_name("eval/pass@4") == "eval/pass_at_4"
+    assert mlflow_name("eval/arithmetic/add:x") == "eval/arithmetic/add_x"
+    assert mlflow_name("phase_seconds/update") == "phase_seconds/update"

@@ -159,6 +159,12 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, f
     return flat
 
 
+def mlflow_name(key: str) -> str:
+    """`key` as MLflow accepts a metric name (letters, digits, ``_-. /``): ``pass@4`` is
+    ``pass_at_4``; MLflow refuses a whole batch for one bad name."""
+    return re.sub(r"[^\w\-. /]", "_", key.replace("@", "_at_"))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
@@ -251,7 +257,7 @@ class _Mlflow:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, v, now, step) for k, v in metrics.items()]
+        items = [Metric(mlflow_name(k), v, now, step) for k, v in metrics.items()]
         for i in range(0, len(items), _MLFLOW_METRIC_CHUNK):
             self.client.log_batch(self.run_id, metrics=items[i : i + _MLFLOW_METRIC_CHUNK])
 
