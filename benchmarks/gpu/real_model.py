@@ -347,8 +347,9 @@ def job(args: argparse.Namespace) -> int:
              "rollout": document["spec"]["roles"]["rollout"]},
     )  # fmt: skip
     run_dir = args.work / "checkpoints" / "default" / document["metadata"]["name"]
-    if run_dir.exists():
+    if run_dir.exists() and not args.resume:
         shutil.rmtree(run_dir)  # a fresh run, not a resumed one
+    report.update(resumed=bool(args.resume and (run_dir / "metrics.jsonl").is_file()))
     command = [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(job_path)]
     print("$", " ".join(command), flush=True)
     started = time.perf_counter()
@@ -491,6 +492,10 @@ def main() -> int:
     run.add_argument("--eval-interval", type=int, default=10)
     run.add_argument("--checkpoint-interval", type=int, help="default: only the last step")
     run.add_argument("--deadline", type=float, help="SIGTERM the job after this many seconds")
+    run.add_argument(
+        "--resume", action="store_true",
+        help="keep WORK's run: the job resumes from its last checkpoint, as after a preemption",
+    )  # fmt: skip
     run.add_argument("--export-dtype", help="load the export in this dtype (default: its own)")
     run.add_argument("--command", help="the command to record (default: this one)")
     run.add_argument(

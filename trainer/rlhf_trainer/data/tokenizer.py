@@ -22,10 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhf_trainer.modeling.pretrained import holds_tokenizer
 from rlhfjob.api import RLHFJobSpec
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-"""Any of these in a directory means it holds a tokenizer."""
 
 
 def load_tokenizer(spec: RLHFJobSpec) -> Any | None:
@@ -40,7 +38,7 @@ def load_tokenizer(spec: RLHFJobSpec) -> Any | None:
             return AutoTokenizer.from_pretrained(model.tokenizer)
         except (OSError, ValueError) as error:
             raise ValueError(f"spec.model.tokenizer {model.tokenizer!r}: {error}") from error
-    if model.policy is not None and _holds_tokenizer(Path(model.policy)):
+    if model.policy is not None and holds_tokenizer(Path(model.policy)):
         from transformers import AutoTokenizer
 
         try:
@@ -50,10 +48,6 @@ def load_tokenizer(spec: RLHFJobSpec) -> Any | None:
                 f"the tokenizer in spec.model.policy {model.policy!r}: {error}"
             ) from error
     return None
-
-
-def _holds_tokenizer(directory: Path) -> bool:
-    return any((directory / name).is_file() for name in TOKENIZER_FILES)
 
 
 def stop_token_ids(spec: RLHFJobSpec, tokenizer: Any | None) -> tuple[int, ...]:

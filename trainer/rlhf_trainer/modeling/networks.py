@@ -26,12 +26,12 @@ from rlhf_trainer.modeling import logprobs as lp
 from rlhf_trainer.modeling.zero import partitioned_loading
 from rlhfjob.api import CONTEXT_WINDOW_KEYS, FUSED_LOGPROBS_MODEL_TYPES, ModelSpec
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def training_dtype(spec: ModelSpec, on_gpu: bool) -> torch.dtype:
     """The dtype weights and activations use: `spec.dtype` on GPUs, float32 on the CPU."""
-    return _DTYPES[spec.dtype] if on_gpu else torch.float32
+    return DTYPES[spec.dtype] if on_gpu else torch.float32
 
 
 def hf_config(config: dict[str, Any]) -> Any:

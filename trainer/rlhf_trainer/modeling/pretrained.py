@@ -42,6 +42,13 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 MANIFEST = "manifest.json"
 CONVERTER_VERSION = 1
 """Part of the manifest: a change to how directories are produced invalidates old ones."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any of these in a directory means it holds a tokenizer."""
+
+
+def holds_tokenizer(directory: Path) -> bool:
+    """Whether a Hugging Face directory (a policy, an export) has a tokenizer of its own."""
+    return any((directory / name).is_file() for name in TOKENIZER_FILES)
 
 
 def cache_root() -> Path:

@@ -45,8 +45,6 @@ class WorkerGroup:
         detached: bool = False,
         world_size: int | None = None,
     ) -> None:
-        import ray
-
         self._init(spec, role, role_spec, setup_timeout_s, world_size)
         on_gpu = role_spec.gpus > 0
         remote: Any = ray.remote  # its typed overloads do not list concurrency_groups
@@ -113,8 +111,6 @@ class WorkerGroup:
 
     @staticmethod
     def wait(refs: list[Any], timeout: float | None = None) -> list[Any]:
-        import ray
-
         return list(ray.get(refs, timeout=timeout))
 
     def call(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
@@ -130,8 +126,6 @@ class WorkerGroup:
         return self.unshard(self.submit(method, batch_ref), timeout=timeout)
 
     def shutdown(self) -> None:
-        import ray
-
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
 

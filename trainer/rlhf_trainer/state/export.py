@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_trainer.modeling.networks import model_config
+from rlhf_trainer.modeling.networks import DTYPES, model_config
+from rlhf_trainer.modeling.pretrained import holds_tokenizer
 from rlhf_trainer.state import checkpoint as ckpt
 from rlhf_trainer.state import reshard
 from rlhfjob.api import ModelSpec
@@ -44,9 +45,6 @@ MODEL_FILES_DIR = "hf"
 """Where in the policy's state directory the trainer keeps its `ModelFiles`."""
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-"""Any of these in a directory means it holds a tokenizer (`data.tokenizer.TOKENIZER_FILES`)."""
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class ExportError(Exception):
@@ -71,7 +69,7 @@ class ModelFiles:
         config = model_config(model)
         config.dtype = model.dtype  # the dtype the job trains in: the export's default
         policy = Path(model.policy) if model.policy is not None else None
-        source = model.tokenizer or (policy if policy and _holds_tokenizer(policy) else None)
+        source = model.tokenizer or (policy if policy and holds_tokenizer(policy) else None)
         tokenizer = AutoTokenizer.from_pretrained(source) if source is not None else None
         generation = None
         if policy is not None and (policy / GENERATION_FILE).is_file():
@@ -85,7 +83,7 @@ class ModelFiles:
 
         if not (directory / CONFIG_FILE).is_file():
             raise ExportError(f"{directory}: no {CONFIG_FILE}")
-        has_tokenizer = _holds_tokenizer(directory)
+        has_tokenizer = holds_tokenizer(directory)
         has_generation = (directory / GENERATION_FILE).is_file()
         try:
             config = AutoConfig.from_pretrained(directory)
@@ -102,10 +100,6 @@ class ModelFiles:
         self.generation.save_pretrained(directory)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
-
-
-def _holds_tokenizer(directory: Path) -> bool:
-    return any((directory / name).is_file() for name in TOKENIZER_FILES)
 
 
 def save_model_files(model: ModelSpec, directory: Path) -> None:
