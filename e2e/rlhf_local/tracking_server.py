@@ -1,5 +1,7 @@
 """A real MLflow tracking server for tests: `mlflow server` on a free port of the loopback, a
-SQLite store, artifacts proxied over HTTP as a remote server serves them."""
+SQLite store, artifacts proxied over HTTP as a remote server serves them. The server runs from
+a venv of its own, `SERVER_VENV` (`task setup` makes it; `e2e/requirements-mlflow-server.txt`
+says why it is not the project's)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,16 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlhf_local.paths import REPO_ROOT
 from rlhf_local.procs import free_port
+
+SERVER_VENV = REPO_ROOT / ".local" / "mlflow-server"
+"""The server's own venv (the Taskfile's MLFLOW_VENV)."""
 
 START_TIMEOUT_S = 420.0
 """Seconds the server may take to answer `/health`: seconds idle, minutes on a loaded machine."""
@@ -24,7 +29,10 @@ def mlflow_server(directory: Path) -> Iterator[str]:
     """The server's URL while it runs; stopped with its whole process group after."""
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1"]
+    python = SERVER_VENV / "bin" / "python"
+    if not python.is_file():
+        raise RuntimeError(f"no MLflow server venv at {SERVER_VENV}: run `task setup`")
+    command = [str(python), "-m", "mlflow", "server", "--host", "127.0.0.1"]
     command += ["--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{directory / 'mlflow.db'}"]
     command += ["--artifacts-destination", str(directory / "artifacts")]

@@ -185,10 +185,14 @@ def _init_distributed_process(extensions: str, results: Any) -> None:
     import sys
 
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions
-    import deepspeed
-    import deepspeed.comm.comm as ds_comm
+    from rlhf_trainer.modeling.zero import (
+        deepspeed_config,
+        import_deepspeed,
+        skip_unused_deepspeed_builds,
+    )
 
-    from rlhf_trainer.modeling.zero import deepspeed_config, skip_unused_deepspeed_builds
+    deepspeed = import_deepspeed()
+    import deepspeed.comm.comm as ds_comm
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -215,6 +219,7 @@ def _init_distributed_process(extensions: str, results: Any) -> None:
             "built": sorted(str(p.relative_to(extensions)) for p in Path(extensions).rglob("*")),
             "all_reduce": group.tolist(),
             "inductor": "torch._inductor.compile_fx" in sys.modules,
+            "mlflow": "mlflow" in sys.modules,
         }
     )
 
@@ -259,7 +264,15 @@ def test_a_saved_checkpoint_loads_partitioned_under_zero3(tmp_path: Path) -> Non
 def test_a_rank_builds_no_unused_deepspeed_extension_nor_muon_kernels(tmp_path: Path) -> None:
     """DeepSpeed's CPU shared-memory allreduce is never used by the ranks (gloo is), so its JIT
     build (80 s to minutes on two busy cores) must not run when a rank joins its group; nor is
-    Muon's torch.compile set-up imported for an optimizer that is AdamW."""
+    Muon's torch.compile set-up imported for an optimizer that is AdamW, nor MLflow, which
+    DeepSpeed imports for its autotuner."""
     pytest.importorskip("deepspeed")
+    pytest.importorskip("mlflow")  # installed: what DeepSpeed would import
     outcome = _in_a_process(_init_distributed_process, str(tmp_path / "extensions"))
-    assert outcome == {"shm_op": False, "built": [], "all_reduce": [1.0, 1.0], "inductor": False}
+    assert outcome == {
+        "shm_op": False,
+        "built": [],
+        "all_reduce": [1.0, 1.0],
+        "inductor": False,
+        "mlflow": False,
+    }

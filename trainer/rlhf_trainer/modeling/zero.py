@@ -13,6 +13,9 @@ CPU notes (the same code runs on GPUs):
   time it starts (80 s to a few minutes on two busy cores, once per machine). It is only used
   when `LOCAL_SIZE` is set, which the actors never set, so gloo does the work:
   `skip_unused_deepspeed_builds` turns the build off.
+* DeepSpeed imports MLflow for its autotuner whenever MLflow is installed (the `tracking` extra
+  installs its client): 1.3 s of CPU per rank for a feature the ranks never use.
+  `import_deepspeed` imports DeepSpeed without it.
 * Parameters of any size are sharded on the CPU (`stage3_param_persistence_threshold: 0`):
   DeepSpeed otherwise keeps tensors under 100k elements whole on every rank, which for the tiny
   test models is all of them, and ZeRO-3's gather paths would never run.
@@ -44,6 +47,26 @@ MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 class _UnusedMuon:
     """Stands in for DeepSpeed's `MuonWithAuxAdam`: the ranks' optimizer is never one."""
+
+
+UNUSED_BY_DEEPSPEED = ("mlflow",)
+"""Modules DeepSpeed imports when installed but the ranks never need it to (see above)."""
+
+
+def import_deepspeed() -> types.ModuleType:
+    """`import deepspeed`, the modules of `UNUSED_BY_DEEPSPEED` hidden from it while it loads
+    unless the process already imported them; later imports of them work as usual."""
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    hidden = [name for name in UNUSED_BY_DEEPSPEED if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import deepspeed
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+    return deepspeed
 
 
 def skip_unused_deepspeed_builds(on_gpu: bool) -> None:

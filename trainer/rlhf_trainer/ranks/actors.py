@@ -46,6 +46,7 @@ from rlhf_trainer.modeling.networks import (
 from rlhf_trainer.modeling.zero import (
     cpu_adam,
     deepspeed_config,
+    import_deepspeed,
     lr_multiplier,
     skip_unused_deepspeed_builds,
     zero_stage,
@@ -119,8 +120,7 @@ class ZeroWorker:
 
     def setup(self, master_addr: str, master_port: int, total_optimizer_steps: int) -> None:
         """Join the process group and build the DeepSpeed engines (blocks until all ranks join)."""
-        import deepspeed
-
+        deepspeed = import_deepspeed()
         os.environ.update(
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
