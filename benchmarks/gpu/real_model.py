@@ -351,6 +351,8 @@ def job(args: argparse.Namespace) -> int:
         shutil.rmtree(run_dir)  # a fresh run, not a resumed one
     report.update(resumed=bool(args.resume and (run_dir / "metrics.jsonl").is_file()))
     command = [sys.executable, "-m", "rlhfjob_cli", "train", "--config", str(job_path)]
+    if args.resume:
+        command += ["--resume-from", "latest"]  # as the operator restarts a job's driver
     print("$", " ".join(command), flush=True)
     started = time.perf_counter()
     with log.open("a") as sink:
