@@ -31,6 +31,8 @@ TESTS = [
     "tests/trainer/test_checkpoint.py",
     "e2e/tests/test_attacks.py",
     "e2e/tests/test_security.py",
+    "e2e/tests/test_operator_power.py",
+    "e2e/tests/test_hostile_dashboard.py",
     "e2e/tests/test_api_validation.py",
     "e2e/tests/test_netpol_packets.py",
 ]

@@ -23,6 +23,14 @@ from rlhfjob.invalid_research_cases import RESEARCH_CASES
 from rlhfjob.invalid_reward_cases import REWARD_CASES
 from rlhfjob.invalid_role_cases import ROLE_CASES
 
+
+def _too_long(name: str, part: str, field: str, value: int, **others: int) -> InvalidCase:
+    """`spec.<part>.<field>` above its upper bound (`others`: what its neighbours' rules need)."""
+    return InvalidCase(
+        f"{name}-too-long", _spec(**{part: {field: value, **others}}), f"spec.{part}.{field}"
+    )
+
+
 JOB_CASES: list[InvalidCase] = [
     # --- The job as a whole: its image and its top-level fields.
     InvalidCase("image-missing", _spec(image=None), "spec.image"),
@@ -69,6 +77,40 @@ JOB_CASES: list[InvalidCase] = [
         _spec(recovery={"backoffSeconds": 900, "maxBackoffSeconds": 60}),
         "spec.recovery.backoffSeconds",
         "backoffSeconds must not exceed maxBackoffSeconds",
+    ),
+    # --- Upper bounds of the durations a job sets (every wait of the operator ends).
+    _too_long(
+        "heartbeat-interval",
+        "liveness",
+        "heartbeatIntervalSeconds",
+        601,
+        heartbeatTimeoutSeconds=1200,
+    ),
+    _too_long(
+        "heartbeat-timeout",
+        "liveness",
+        "heartbeatTimeoutSeconds",
+        3601,
+        progressTimeoutSeconds=7200,
+    ),
+    _too_long("progress-timeout", "liveness", "progressTimeoutSeconds", 86401),
+    _too_long("restart-backoff", "recovery", "backoffSeconds", 3601, maxBackoffSeconds=7200),
+    _too_long("restart-max-backoff", "recovery", "maxBackoffSeconds", 86401),
+    _too_long("cluster-recovery-timeout", "recovery", "clusterRecoveryTimeoutSeconds", 86401),
+    InvalidCase(
+        "provisioning-timeout-too-long",
+        _spec(provisioningTimeoutSeconds=604801),
+        "spec.provisioningTimeoutSeconds",
+    ),
+    InvalidCase(
+        "active-deadline-too-long",
+        _spec(activeDeadlineSeconds=10**15),
+        "spec.activeDeadlineSeconds",
+    ),
+    InvalidCase(
+        "ttl-after-finished-too-long",
+        _spec(ttlSecondsAfterFinished=31536001),
+        "spec.ttlSecondsAfterFinished",
     ),
     # --- Types as the API server reads them, and text only its regular expressions accept.
     InvalidCase(
@@ -117,6 +159,45 @@ MODEL_ONLY_CASES: list[InvalidCase] = [
         "spec.roles.trainer.pod.volumes[0]",
         "a volume needs a source",
     ),
+    # Without a source Kubernetes makes the volume an empty directory: checkpoints written
+    # there would be lost with the pod.
+    InvalidCase(
+        "checkpoint-volume-without-a-source",
+        _spec(checkpoint={"volume": {}}),
+        "spec.checkpoint.volume",
+        "a volume needs a source",
+    ),
+    InvalidCase(
+        "checkpoint-volume-of-no-kubernetes-source",
+        _spec(checkpoint={"volume": {"foo": 1}}),
+        "spec.checkpoint.volume",
+        "'foo' is no Kubernetes volume source",
+    ),
+    InvalidCase(
+        "pod-volume-of-no-kubernetes-source",
+        _spec(pods={"volumes": [{"name": "models", "persistentVolume": {"claimName": "m"}}]}),
+        "spec.pods.volumes[0]",
+        "'persistentVolume' is no Kubernetes volume source",
+    ),
+    InvalidCase(
+        "checkpoint-volume-source-not-an-object",
+        _spec(checkpoint={"volume": {"hostPath": "/data"}}),
+        "spec.checkpoint.volume.hostPath",
+        "must be an object",
+    ),
+    # Sizes the server cannot measure (CEL has no serialisation): each costs the operator.
+    InvalidCase(
+        "random-init-too-large",
+        _spec(model={"policy": None, "randomInit": {"model_type": "llama", "pad": "x" * 70000}}),
+        "spec.model.randomInit",
+        "more than the 65536 allowed",
+    ),
+    InvalidCase(
+        "spec-too-large",
+        _spec(pods={"env": [{"name": f"PAD{i}", "value": "x" * 30000} for i in range(5)]}),
+        "spec",
+        "more than the 131072 allowed",
+    ),
 ]
 """Refused by the models only: a volume source is free-form to the CRD (one of some thirty
-kinds), and CEL sees only the properties a schema declares."""
+kinds), CEL sees only the properties a schema declares, and it cannot measure sizes."""

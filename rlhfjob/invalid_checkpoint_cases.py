@@ -21,6 +21,12 @@ CHECKPOINT_CASES: list[InvalidCase] = [
     ),
     InvalidCase("keep-last-zero", _spec(checkpoint={"keepLast": 0}), "spec.checkpoint.keepLast"),
     InvalidCase(
+        # A node drain waits for the job's PodDisruptionBudget this long at most.
+        "stop-grace-period-too-long",
+        _spec(checkpoint={"stopGracePeriodSeconds": 86401}),
+        "spec.checkpoint.stopGracePeriodSeconds",
+    ),
+    InvalidCase(
         "object-store-upload-interval-not-a-multiple",
         _spec(
             checkpoint={

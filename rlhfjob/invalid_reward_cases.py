@@ -61,6 +61,17 @@ REWARD_CASES: list[InvalidCase] = [
         "spec.reward.remote.maxConcurrency",
     ),
     InvalidCase(
+        "reward-remote-timeout-too-long",
+        _spec(
+            reward={
+                "type": "remote",
+                "function": None,
+                "remote": {"url": "http://rm:8000/score", "timeoutSeconds": 3601},
+            }
+        ),
+        "spec.reward.remote.timeoutSeconds",
+    ),
+    InvalidCase(
         "reward-combined-without-components",
         _spec(reward={"type": "combined", "function": None}),
         "spec.reward.components",

@@ -37,6 +37,11 @@ ROLE_CASES: list[InvalidCase] = [
         "minReplicas must not exceed replicas",
     ),
     InvalidCase(
+        "trainer-replacement-timeout-too-long",
+        _role("trainer", replicas=2, minReplicas=1, replacementTimeoutSeconds=86401),
+        "spec.roles.trainer.replacementTimeoutSeconds",
+    ),
+    InvalidCase(
         "trainer-without-replicas",
         _role("trainer", replicas=0),
         "spec.roles.trainer.replicas",

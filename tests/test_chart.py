@@ -23,6 +23,7 @@ from rlhf_local.operator_process import (
     CHART,
     MONITORING_VALUES,
     OPERATOR_NAMESPACE,
+    TEMPLATE_API_SERVER,
     OperatorProcess,
     chart_deployment,
     chart_manifests,
@@ -32,8 +33,10 @@ from rlhf_local.operator_process import (
 )
 from rlhf_operator import builder, names
 from rlhf_operator.network import Destination
+from rlhf_operator.policy import JobPolicy
+from rlhf_operator.policy_supply import DEFAULT_EXTENDED_RESOURCES
 from rlhfjob.contract.env import TRAINER_METRICS_PORT_NAME
-from rlhfjob_cli import build_parser
+from rlhfjob_cli import build_parser, listed_or_default
 
 pytestmark = pytest.mark.skipif(
     cached_tool("helm") is None,
@@ -53,9 +56,14 @@ def _container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(chart_deployment(manifests)["spec"]["template"]["spec"]["containers"][0])
 
 
-def _admission(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    (policy,) = of_kind(manifests, "ValidatingAdmissionPolicy")
-    (binding,) = of_kind(manifests, "ValidatingAdmissionPolicyBinding")
+def _admission(
+    manifests: list[dict[str, Any]], name: str = "-job-policy"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job policy (or, by `name`, the operator policy) and its binding."""
+    (policy,), (binding,) = (
+        [m for m in of_kind(manifests, kind) if m["metadata"]["name"].endswith(name)]
+        for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    )
     return policy, binding
 
 
@@ -80,7 +88,10 @@ def test_chart_needs_kubernetes_1_30_for_the_admission_policy() -> None:
     assert chart["kubeVersion"] == ">=1.30.0-0"
     refused = helm("template", "rlhfjob", str(CHART), "--kube-version", "1.29.0", check=False)
     assert refused.returncode != 0 and "kubeVersion" in refused.stderr, refused.stderr
-    accepted = helm("template", "rlhfjob", str(CHART), "--kube-version", "1.30.0", check=False)
+    api_server = ("--set", TEMPLATE_API_SERVER)  # `helm template` derives none
+    accepted = helm(
+        "template", "rlhfjob", str(CHART), "--kube-version", "1.30.0", *api_server, check=False
+    )
     assert accepted.returncode == 0, accepted.stderr
 
 
@@ -197,8 +208,9 @@ def test_two_releases_coexist(watch: list[str]) -> None:
             ]
             roles = {m["metadata"]["name"] for m in manifests if m["kind"].endswith("Role")}
             assert binding["roleRef"]["name"] in roles
-        policy, vap_binding = _admission(manifests)
-        assert vap_binding["spec"]["policyName"] == policy["metadata"]["name"]
+        for name in ("-job-policy", "-operator-policy"):
+            policy, vap_binding = _admission(manifests, name)
+            assert vap_binding["spec"]["policyName"] == policy["metadata"]["name"]
     collisions = [key for key, count in keys.items() if count > 1]
     assert not collisions, collisions
 
@@ -270,6 +282,7 @@ def test_operator_gets_its_identity_policy_and_ray_auth_key() -> None:
         "--allowed-volume-type=nfs",
         "--allowed-service-account=rlhf-trainer",
         "--allowed-service-account=reader",
+        "--allowed-extended-resource=nvidia.com/gpu",
     ]
     (mount,) = container["volumeMounts"]
     assert mount == {"name": "ray-auth", "mountPath": RAY_AUTH_DIR, "readOnly": True}
@@ -282,16 +295,63 @@ def test_operator_gets_its_identity_policy_and_ray_auth_key() -> None:
     # The chart's default policy flags are the operator's defaults.
     defaults = [a for a in _container(chart_manifests())["args"] if a.startswith("--allowed-")]
     assert defaults == [
-        f"--allowed-volume-type={t}"
-        for t in ("persistentVolumeClaim", "csi", "nfs", "emptyDir", "configMap", "secret")
+        *(
+            f"--allowed-volume-type={t}"
+            for t in ("persistentVolumeClaim", "csi", "nfs", "emptyDir", "configMap", "secret")
+        ),
+        *(f"--allowed-extended-resource={r}" for r in DEFAULT_EXTENDED_RESOURCES),
     ]
+
+
+@pytest.mark.parametrize(
+    ("values", "policy"),
+    [
+        ((), JobPolicy()),
+        (
+            (
+                "jobPolicy.allowedImageRegistries={ghcr.io/team,registry.example.com:5000}",
+                "jobPolicy.allowedExtendedResources={nvidia.com/gpu,rdma/ib}",
+                "kueue.enabled=true",
+            ),
+            JobPolicy(
+                allowed_image_registries=("ghcr.io/team", "registry.example.com:5000"),
+                allowed_extended_resources=("nvidia.com/gpu", "rdma/ib"),
+                kueue=True,
+            ),
+        ),
+        (("jobPolicy.allowedExtendedResources=[]",), JobPolicy(allowed_extended_resources=())),
+        (
+            ("kueue.enabled=true", "kueue.requireQueueName=false"),
+            JobPolicy(kueue=True, require_queue_name=False),
+        ),
+    ],
+    ids=["default", "lists-and-kueue", "no-extended-resources", "kueue-optional"],
+)
+def test_the_image_resource_and_queue_values_reach_both_forms_of_the_policy(
+    values: tuple[str, ...], policy: JobPolicy
+) -> None:
+    """The operator's flags (as `rlhfjob operator` reads them) and the admission policy's
+    variables say what the values say."""
+    manifests = chart_manifests(*values)
+    args = build_parser().parse_args(_container(manifests)["args"])
+    assert tuple(args.allowed_image_registry or ()) == policy.allowed_image_registries
+    extended = listed_or_default(args.allowed_extended_resource, DEFAULT_EXTENDED_RESOURCES)
+    assert extended == policy.allowed_extended_resources
+    assert (args.kueue, not args.kueue_optional) == (policy.kueue, policy.require_queue_name)
+    variables = {v["name"]: v["expression"] for v in _admission(manifests)[0]["spec"]["variables"]}
+    assert json.loads(variables["allowedImageRegistries"]) == list(policy.allowed_image_registries)
+    assert json.loads(variables["allowedExtendedResources"]) == list(extended)
+    assert json.loads(variables["kueue"]) is policy.kueue
+    assert json.loads(variables["queueRequired"]) is (policy.kueue and policy.require_queue_name)
 
 
 def test_the_network_values_reach_the_operator_as_destinations_it_reads() -> None:
     args = _container(chart_manifests())["args"]
     assert [
-        a for a in args if a.startswith(("--prometheus-", "--api-server", "--allow-egress"))
-    ] == ["--prometheus-namespace=monitoring"]
+        a
+        for a in args
+        if a.startswith(("--prometheus-", "--api-server", "--allow-egress", "--approved-egress"))
+    ] == ["--prometheus-namespace=monitoring", "--api-server-cidr=10.96.0.1/32:443"]
     manifests = chart_manifests(
         "networkPolicy.prometheusNamespaces={monitoring,observability}",
         "networkPolicy.apiServerCIDRs={10.0.0.10/32:6443}",
@@ -355,8 +415,9 @@ def test_admission_policy_is_rendered_from_the_job_policy_values() -> None:
     assert variables["operatorServiceAccount"] == '"rlhfjob"'
     assert "variables.operatorServiceAccount" in own["expression"]
     disabled = chart_manifests("jobPolicy.admissionPolicy.enabled=false")
-    assert not of_kind(disabled, "ValidatingAdmissionPolicy")
-    assert not of_kind(disabled, "ValidatingAdmissionPolicyBinding")
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        left = [m["metadata"]["name"] for m in of_kind(disabled, kind)]
+        assert left == ["rlhfjob-rlhfjob-system-operator-policy"]  # the operator's own bound
 
 
 def test_values_schema_rejects_a_misspelt_value() -> None:

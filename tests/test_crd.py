@@ -116,6 +116,16 @@ def test_the_embedded_kubernetes_schemas_are_fresh() -> None:
         assert path.read_text() == text, f"{path.name}: run `task crds`"
 
 
+def test_the_volume_sources_the_models_know_are_the_pinned_clients() -> None:
+    """A volume must have exactly one of them (`base._one_volume_source`)."""
+    from kubernetes.client import V1Volume
+
+    from rlhfjob.api.kubeschema import KUBERNETES_VOLUME_SOURCES
+
+    fields = V1Volume.model_json_schema(by_alias=True)["properties"]
+    assert set(KUBERNETES_VOLUME_SOURCES) == set(fields) - {"name"}
+
+
 def test_volumes_carry_the_schema_of_the_sources_an_installation_allows(
     crd: dict[str, Any],
 ) -> None:

@@ -56,12 +56,24 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def listed_or_default(given: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A repeatable flag's values; its default when it was not given at all (given only empty,
+    as `--flag=`: none)."""
+    return default if given is None else tuple(value for value in given if value)
+
+
 def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     from rlhf_operator.handlers import OperatorSettings, registry
-    from rlhf_operator.network import Destination, EgressSettingError, NetworkSettings
+    from rlhf_operator.network import (
+        ApprovedEgress,
+        Destination,
+        EgressSettingError,
+        NetworkSettings,
+    )
     from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, JobPolicy
+    from rlhf_operator.policy_supply import DEFAULT_EXTENDED_RESOURCES
     from rlhf_operator.ray_auth import RayAuth, RayAuthKeyError
 
     try:
@@ -80,6 +92,11 @@ def _operator(args: argparse.Namespace) -> int:
         allowed_scheduler_names=tuple(args.allowed_scheduler_name or ()),
         allowed_nfs_servers=tuple(args.allowed_nfs_server or ()),
         allowed_csi_drivers=tuple(args.allowed_csi_driver or ()),
+        require_queue_name=not args.kueue_optional,
+        allowed_image_registries=tuple(args.allowed_image_registry or ()),
+        allowed_extended_resources=listed_or_default(
+            args.allowed_extended_resource, DEFAULT_EXTENDED_RESOURCES
+        ),
     )
     try:
         network = NetworkSettings(
@@ -87,7 +104,13 @@ def _operator(args: argparse.Namespace) -> int:
             prometheus_namespaces=tuple(args.prometheus_namespace or ()),
             api_server=tuple(Destination.parse(c) for c in args.api_server_cidr or ()),
             extra_egress=tuple(Destination.parse(d) for d in args.allow_egress_to or ()),
+            approved_egress=tuple(ApprovedEgress.parse(e) for e in args.approved_egress or ()),
         )
+        if not network.api_server:
+            raise EgressSettingError(
+                "no --api-server-cidr: a job's head may reach the API server only there (the "
+                "chart's networkPolicy.apiServerCIDRs, given or derived at install)"
+            )
     except EgressSettingError as error:
         print(f"rlhfjob operator: {error}", file=sys.stderr)
         return 2
@@ -98,6 +121,8 @@ def _operator(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         policy=policy,
         dashboard_from_annotation=args.dev_dashboard_from_annotation,
+        readiness_port=args.readiness_port,
+        namespaces=tuple(args.namespace or ()),
     )
     kopf.configure(verbose=args.verbose)
     kopf.run(
@@ -176,27 +201,40 @@ def _demo(args: argparse.Namespace) -> int:
     return demo.run(Path(args.out), keep_cluster=args.keep_cluster)
 
 
-def add_operator_arguments(operator: argparse.ArgumentParser) -> None:
-    """`rlhfjob operator`'s flags: what the chart sets from its values."""
+def _add_network_arguments(operator: argparse.ArgumentParser) -> None:
+    """The chart's `networkPolicy` values: who reaches a job's pods, where they connect."""
     operator.add_argument(
-        "--namespace", action="append", help="watch only this namespace (repeatable)"
-    )
-    operator.add_argument("--metrics-port", type=int, default=8080)
-    operator.add_argument("--health-port", type=int, default=8081)
-    operator.add_argument(
-        "--timer-interval", type=float, default=5.0, help="seconds between re-reads of each job"
+        "--prometheus-namespace",
+        action="append",
+        help="a namespace whose pods may scrape the jobs' metrics ports (repeatable; default: "
+        "none outside the job)",
     )
     operator.add_argument(
-        "--ray-auth-key-file",
-        required=True,
-        help="secret key the jobs' Ray tokens are derived from (the chart mounts one)",
+        "--api-server-cidr",
+        action="append",
+        metavar="CIDR[:PORT,...]",
+        help="the API server's addresses, the only place a job's head may reach it (repeatable; "
+        "at least one)",
     )
     operator.add_argument(
-        "--operator-namespace", help="where the operator runs (default: $POD_NAMESPACE)"
+        "--allow-egress-to",
+        action="append",
+        metavar="CIDR[:PORT,...]",
+        help="a destination every job's pods may connect to besides those its spec declares "
+        "(repeatable; default: none)",
     )
     operator.add_argument(
-        "--operator-service-account", help="the operator's own ServiceAccount (no job may use it)"
+        "--approved-egress",
+        action="append",
+        metavar="JSON",
+        help='a destination a job may open by naming it in its spec: {"name", "cidrs": '
+        '["CIDR[:PORT,...]"] or "namespaceSelector"/"podSelector" with "ports", "hosts": '
+        '["name", "*.suffix"]} (repeatable; default: none, so a job may name none)',
     )
+
+
+def _add_policy_arguments(operator: argparse.ArgumentParser) -> None:
+    """The job policy's flags (the chart's `jobPolicy` and `kueue` values)."""
     operator.add_argument(
         "--allowed-volume-type",
         action="append",
@@ -221,31 +259,62 @@ def add_operator_arguments(operator: argparse.ArgumentParser) -> None:
     ):
         operator.add_argument(flag, action="append", help=f"{what} (repeatable; default: none)")
     operator.add_argument(
+        "--allowed-image-registry",
+        action="append",
+        help="a registry, path or repository a job's images may come from (repeatable; "
+        "default: any)",
+    )
+    operator.add_argument(
+        "--allowed-extended-resource",
+        action="append",
+        help="an extended resource a job's pods may request (repeatable; default: "
+        "nvidia.com/gpu; given only as --allowed-extended-resource=: none)",
+    )
+    operator.add_argument(
         "--kueue",
         action="store_true",
         help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue (needs Kueue v0.17+ "
-        "and the chart's kueue.enabled RBAC); without it such a job is refused",
+        "and the chart's kueue.enabled RBAC); without it such a job is refused; with it a job "
+        "without the label is refused",
     )
     operator.add_argument(
-        "--prometheus-namespace",
-        action="append",
-        help="a namespace whose pods may scrape the jobs' metrics ports (repeatable; default: "
-        "none outside the job)",
+        "--kueue-optional",
+        action="store_true",
+        help="with --kueue: a job without the queue label runs unqueued (outside every quota)",
+    )
+
+
+def add_operator_arguments(operator: argparse.ArgumentParser) -> None:
+    """`rlhfjob operator`'s flags: what the chart sets from its values."""
+    operator.add_argument(
+        "--namespace", action="append", help="watch only this namespace (repeatable)"
+    )
+    operator.add_argument("--metrics-port", type=int, default=8080)
+    operator.add_argument(
+        "--health-port", type=int, default=8081, help="liveness: kopf's event loop answers"
     )
     operator.add_argument(
-        "--api-server-cidr",
-        action="append",
-        metavar="CIDR[:PORT,...]",
-        help="the API server's addresses, which a job's head may reach (repeatable; default: "
-        "any address but the metadata one, on ports 443 and 6443)",
+        "--readiness-port",
+        type=int,
+        default=0,
+        help="readiness: started, and the API server answers its reads of RLHFJobs (0: off)",
     )
     operator.add_argument(
-        "--allow-egress-to",
-        action="append",
-        metavar="CIDR[:PORT,...]",
-        help="a destination every job's pods may connect to besides those its spec declares "
-        "(repeatable; default: none)",
+        "--timer-interval", type=float, default=5.0, help="seconds between re-reads of each job"
     )
+    operator.add_argument(
+        "--ray-auth-key-file",
+        required=True,
+        help="secret key the jobs' Ray tokens are derived from (the chart mounts one)",
+    )
+    operator.add_argument(
+        "--operator-namespace", help="where the operator runs (default: $POD_NAMESPACE)"
+    )
+    operator.add_argument(
+        "--operator-service-account", help="the operator's own ServiceAccount (no job may use it)"
+    )
+    _add_policy_arguments(operator)
+    _add_network_arguments(operator)
     operator.add_argument(
         "--dev-dashboard-from-annotation",
         action="store_true",

@@ -3,8 +3,11 @@
 One table, run at the layers that see a job: the operator's own check, at every reconcile
 (`tests/security/`), and the real API server with the chart's admission policy and the CRD
 (`e2e/tests/test_attacks.py`). Each attack is a patch on the tiny CPU example; `namespace`
-"operator" creates it in the operator's namespace. `benchmarks/security.py` runs both and
-writes the table to `benchmarks/results/security.json` (the `attack` marks, `attack_report`).
+"operator" creates it in the operator's namespace. The installation attacked admits jobs through
+Kueue and lists the registry of the example's image (`INSTALLATION`), so every job names its
+LocalQueue (`QUEUE`) unless the attack's `labels` take the label away. `benchmarks/security.py`
+runs both and writes the table to `benchmarks/results/security.json` (the `attack` marks,
+`attack_report`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from rlhfjob.contract.kueue import LABEL_QUEUE_NAME
 from rlhfjob.patches import merge_patch
 
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
@@ -27,6 +31,13 @@ CHART_KEY = "rlhfjob-ray-auth-key"
 """The chart's key Secret, from which every job's token is derived."""
 BORROWED_ACCOUNT = "{operator}"
 """Stands for the operator's own ServiceAccount (filled in by the runner)."""
+ALLOWED_REGISTRY = "ghcr.io/rlhfjob"
+"""The registry path the installation attacked lists: the example's image is under it."""
+INSTALLATION = ("kueue.enabled=true", f"jobPolicy.allowedImageRegistries={{{ALLOWED_REGISTRY}}}")
+"""The chart's values of the installation attacked (besides the ServiceAccounts each layer
+lists); extended resources as the chart's default (nvidia.com/gpu)."""
+QUEUE = {LABEL_QUEUE_NAME: "team-a"}
+"""Every attack job's labels (Kueue's queue) unless the attack changes them."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,8 @@ class Attack:
     """`job`: a team's namespace; `operator`: the operator's own."""
     layer: str = "policy"
     """`policy`: the job policy (admission policy and operator); `crd`: the CRD's rules."""
+    labels: dict[str, Any] | None = None
+    """A merge patch of the job's labels (None in it removes one)."""
 
 
 def _pod(place: str, **pod: Any) -> dict[str, Any]:
@@ -194,6 +207,34 @@ ATTACKS: list[Attack] = [
         "spec.pods.volumes",
     ),
     Attack(
+        "unqueued-job",
+        "a job without Kueue's queue label, where Kueue admits jobs, runs outside its team's "
+        "quota at any priority",
+        {},
+        f"metadata.labels[{LABEL_QUEUE_NAME}]",
+        labels={LABEL_QUEUE_NAME: None},
+    ),
+    Attack(
+        "unlisted-image-registry",
+        "an image from a registry the installation does not list (an attacker's, or another "
+        "team's private image a node has cached, pulled IfNotPresent)",
+        {"image": "docker.io/attacker/trainer:1"},
+        "spec.image",
+    ),
+    Attack(
+        "look-alike-image-path",
+        "an image of another owner whose name begins like the listed path (ghcr.io/rlhfjob-x "
+        "beside ghcr.io/rlhfjob)",
+        {"image": f"{ALLOWED_REGISTRY}-attacker/trainer:1"},
+        "spec.image",
+    ),
+    Attack(
+        "unlisted-extended-resource",
+        "an extended resource the installation does not list (a device kept for others)",
+        _pod("trainer", extraResources={"example.com/fpga": 1}),
+        "spec.roles.trainer.pod.extraResources",
+    ),
+    Attack(
         "apparmor-unconfined",
         "an annotation that turns the AppArmor profile off",
         _pod(
@@ -220,5 +261,6 @@ def attack_job(attack: Attack, namespace: str, operator_account: str) -> dict[st
     """The tiny CPU example with the attack's patch, named after it, in `namespace` (the
     operator's own where the attack says so); `BORROWED_ACCOUNT` becomes `operator_account`."""
     spec = json.loads(json.dumps(attack.spec).replace(BORROWED_ACCOUNT, operator_account))
-    metadata = {"name": f"attack-{attack.id}", "namespace": namespace}
+    labels = merge_patch(QUEUE, attack.labels or {})
+    metadata = {"name": f"attack-{attack.id}", "namespace": namespace, "labels": labels}
     return merge_patch(yaml.safe_load(EXAMPLE.read_text()), {"metadata": metadata, "spec": spec})

@@ -22,19 +22,21 @@ ANSWER = re.compile(r"IS ALLOWED\?\s*\|\s*(TRUE|FALSE)")
 
 @dataclass(frozen=True)
 class Peer:
-    """One end of a connection: a pod (in `namespace`, with `labels`), or an address outside
-    the cluster (`namespace` None)."""
+    """One end of a connection: a pod (in `namespace`, with `labels`; its namespace carries
+    `namespace_labels` besides its name), or an address outside the cluster (`namespace`
+    None)."""
 
     ip: str
     namespace: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    namespace_labels: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         if self.namespace is None:
             return {"IP": self.ip}
         internal = {
             "PodLabels": self.labels,
-            "NamespaceLabels": {NAMESPACE_NAME: self.namespace},
+            "NamespaceLabels": {**self.namespace_labels, NAMESPACE_NAME: self.namespace},
             "Namespace": self.namespace,
         }
         return {"Internal": internal, "IP": self.ip}

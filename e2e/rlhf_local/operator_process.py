@@ -1,12 +1,15 @@
 """Run `rlhfjob operator` against the local cluster the way the Helm chart runs it.
 
 The operator gets the chart's ServiceAccount and role and nothing more: `operator_kubeconfig`
-renders the chart with helm, applies its RBAC (never its Secret or Deployment), mints a token for
-that ServiceAccount and writes a kubeconfig that carries only that token. A verb missing from the
-chart's role fails a test. `OperatorProcess` passes the flags the chart's Deployment passes: the
-operator's namespace and ServiceAccount (as named in the rendered chart), the job policy's
-`--allowed-*` flags, and a Ray auth key file (random, written next to the log, kept across
-restarts). `apply_admission_policy` installs the chart's ValidatingAdmissionPolicy and binding.
+renders the chart with helm, applies its RBAC and its operator policy (the admission policy that
+bounds the operator's writes to its jobs' objects; never its Secret or Deployment), mints a token
+for that ServiceAccount and writes a kubeconfig that carries only that token. A verb missing from
+the chart's role, or a write the operator policy refuses, fails a test. `OperatorProcess`
+passes the flags the chart's Deployment passes: the operator's namespace and ServiceAccount (as
+named in the rendered chart), the job policy's `--allowed-*` flags, and a Ray auth key file
+(random, written next to the log, kept across restarts), and waits for its readiness.
+`apply_admission_policy` installs the chart's job policy (a ValidatingAdmissionPolicy and its
+binding).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,11 +47,43 @@ RBAC_KINDS = frozenset(
 )
 #: Kinds of the chart that `apply_admission_policy` applies.
 ADMISSION_KINDS = frozenset({"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
+#: How the names of the chart's two admission policies (and their bindings) end: the job policy
+#: (`apply_admission_policy`, per test) and the operator policy (`operator_kubeconfig`, with the
+#: RBAC: the operator always runs bounded by it).
+JOB_POLICY, OPERATOR_POLICY = "-job-policy", "-operator-policy"
 
+
+#: The namespace label of the e2e tier's in-cluster reward servers (`E2E_APPROVED_EGRESS`).
+REWARD_SERVERS_LABEL = "e2e.rlhf.dev/reward-servers"
+E2E_APPROVED_EGRESS = [
+    # The S3 server and trackers the harness runs on the loopback, on ports it picks.
+    {"name": "local-servers", "cidrs": ["127.0.0.0/8"]},
+    # The tests' buckets by IP literal: each opens its own address alone.
+    {"name": "test-buckets", "cidrs": ["10.1.0.0/16:8333"]},
+    # In-cluster reward servers, by any name on their port.
+    {
+        "name": "reward-servers",
+        "namespaceSelector": {"matchLabels": {REWARD_SERVERS_LABEL: "true"}},
+        "ports": [8000],
+    },
+    # A public HTTPS service: every address on 443 but NO_EGRESS, for names under example.com.
+    {"name": "public-https", "cidrs": ["0.0.0.0/0:443"], "hosts": ["*.example.com"]},
+]
+"""What the e2e installation lets a job open (`networkPolicy.approvedEgress`)."""
+TEMPLATE_API_SERVER = "networkPolicy.apiServerCIDRs={10.96.0.1/32:443}"
+"""The API server's range `chart_manifests` renders with (the local `kubernetes` Service's
+cluster IP): `helm template` reads no cluster to derive it from. A caller's value replaces it;
+`networkPolicy.apiServerCIDRs=null` leaves it out."""
 
 #: The chart's values the e2e operator runs with: Kueue's integration on (the local control plane
-#: runs Kueue), so its RBAC is what the tests exercise.
-OPERATOR_VALUES = ("kueue.enabled=true",)
+#: runs Kueue), so its RBAC is what the tests exercise; jobs without a queue label run unqueued
+#: (most tests are about something else: the refusal is `tests/security/` and the attacks'); the
+#: destinations its jobs may name.
+OPERATOR_VALUES = (
+    "kueue.enabled=true",
+    "kueue.requireQueueName=false",
+    f"networkPolicy.approvedEgress={json.dumps(E2E_APPROVED_EGRESS)}",
+)
 
 
 #: The chart's values that turn its monitoring objects on (all off by default).
@@ -72,10 +108,11 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def chart_manifests(
     *values: str, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart (each of `values` is a `--set`), parsed."""
+    """`helm template` of the chart, parsed: each of `values` is a `--set`, or a `--set-json`
+    where its value is a JSON list (`KEY=[...]`); `TEMPLATE_API_SERVER` comes first."""
     args = ["template", release, str(CHART), "-n", namespace]
-    for value in values:
-        args += ["--set", value]
+    for value in (TEMPLATE_API_SERVER, *values):
+        args += ["--set-json" if value.partition("=")[2].startswith("[") else "--set", value]
     return [doc for doc in yaml.safe_load_all(helm(*args).stdout) if doc]
 
 
@@ -102,6 +139,7 @@ CHART_OPERATOR_FLAGS = (
     "--prometheus-namespace",
     "--api-server-cidr",
     "--allow-egress-to",
+    "--approved-egress",
 )
 """The flags of the chart's Deployment that the local operator takes over as they are."""
 
@@ -120,7 +158,7 @@ def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
     manifests = chart_manifests(*OPERATOR_VALUES)
     service_account = chart_service_account(manifests)
     for manifest in manifests:
-        if manifest["kind"] in RBAC_KINDS:
+        if manifest["kind"] in RBAC_KINDS or _is_admission(manifest, OPERATOR_POLICY):
             lc.apply(manifest)
     minted = lc.core.create_namespaced_service_account_token(
         service_account,
@@ -160,11 +198,16 @@ def apply_admission_policy(lc: LocalCluster, *values: str) -> list[dict[str, Any
     Returns what it applied, for `remove_admission_policy`. The API server enforces a new
     policy a moment later, not at once: poll for the first refusal.
     """
-    manifests = [m for m in chart_manifests(*values) if m["kind"] in ADMISSION_KINDS]
+    manifests = [m for m in chart_manifests(*values) if _is_admission(m, JOB_POLICY)]
     assert {m["kind"] for m in manifests} == ADMISSION_KINDS, "admissionPolicy is disabled"
     for manifest in manifests:
         lc.apply(manifest)
     return manifests
+
+
+def _is_admission(manifest: dict[str, Any], policy: str) -> bool:
+    """Whether `manifest` is the chart's admission policy (or binding) named `policy`."""
+    return manifest["kind"] in ADMISSION_KINDS and manifest["metadata"]["name"].endswith(policy)
 
 
 def remove_admission_policy(lc: LocalCluster, manifests: list[dict[str, Any]]) -> None:
@@ -222,6 +265,7 @@ class OperatorProcess:
     log_path: Path
     metrics_port: int = field(default_factory=procs.free_port)
     health_port: int = field(default_factory=procs.free_port)
+    readiness_port: int = field(default_factory=procs.free_port)
     process: subprocess.Popen[bytes] | None = None
     #: The operator's identity, as the chart's Deployment passes it.
     namespace: str = OPERATOR_NAMESPACE
@@ -250,6 +294,7 @@ class OperatorProcess:
             sys.executable, "-m", "rlhfjob_cli", "operator",
             f"--metrics-port={self.metrics_port}",
             f"--health-port={self.health_port}",
+            f"--readiness-port={self.readiness_port}",
             "--timer-interval=1",
             f"--operator-namespace={self.namespace}",
             f"--operator-service-account={self.service_account}",
@@ -267,6 +312,7 @@ class OperatorProcess:
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         wait_for(self.healthy, 60, "the operator's liveness endpoint", details=self.log_tail)
+        wait_for(self.ready, 60, "the operator's readiness endpoint", details=self.log_tail)
 
     def healthy(self) -> bool:
         if self.process is None or self.process.poll() is not None:
@@ -274,6 +320,17 @@ class OperatorProcess:
         url = f"http://127.0.0.1:{self.health_port}/healthz"
         with urllib.request.urlopen(url, timeout=2) as response:
             return bool(response.status == 200)
+
+    def ready(self) -> bool:
+        """Whether the readiness endpoint answers 200 (started, and the API server answers)."""
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"operator exited: {self.process and self.process.returncode}")
+        url = f"http://127.0.0.1:{self.readiness_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return bool(response.status == 200)
+        except urllib.error.HTTPError:  # 503: not ready yet
+            return False
 
     def stop(self) -> None:
         procs.terminate(self.process)

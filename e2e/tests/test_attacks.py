@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlhf_local.attacks import ATTACKS, BORROWED_ACCOUNT, Attack, attack_job
+from rlhf_local.attacks import ATTACKS, BORROWED_ACCOUNT, INSTALLATION, Attack, attack_job
 from rlhf_local.harness import wait_for
 from rlhf_local.operator_process import (
     OPERATOR_NAMESPACE,
@@ -32,8 +32,9 @@ ACCEPTED = ("persistentVolumeClaim",)
 @pytest.fixture(scope="module")
 def team(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A team's namespace with the chart's admission policy bound to it and to the operator's
-    namespace; the operator's own ServiceAccount is listed as allowed, so only the rule against
-    it can refuse it."""
+    namespace, of the installation the attacks are tried on (Kueue on, one image registry
+    listed); the operator's own ServiceAccount is listed as allowed, so only the rule against it
+    can refuse it."""
     account = chart_service_account()
     local_cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
     probe = Attack("probe", "", ATTACKS[0].spec, "")  # refused by the admission policy alone
@@ -42,6 +43,7 @@ def team(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterato
             local_cluster,
             f"watchNamespaces={{{OPERATOR_NAMESPACE},{name}}}",
             f"jobPolicy.allowedServiceAccounts={{rlhf-trainer,{account}}}",
+            *INSTALLATION,
         )
         try:
             job = attack_job(probe, name, account)
@@ -79,6 +81,7 @@ def test_the_api_server_refuses_the_attack_naming_the_field(
         {"pods": {"priorityClassName": "research-high", "imagePullSecrets": [{"name": "reg"}]}},
         {"roles": {"trainer": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}},
         {"serviceAccountName": BORROWED_ACCOUNT},
+        {"pods": {"extraResources": {"ephemeral-storage": "1Gi"}}},
     ],
     ids=[
         "example",
@@ -87,6 +90,7 @@ def test_the_api_server_refuses_the_attack_naming_the_field(
         "own-priority-and-pull-secret",
         "gpu-toleration",
         "operator-account-name-elsewhere",
+        "native-resource",
     ],
 )
 def test_what_the_policy_allows_passes(spec: dict, local_cluster: LocalCluster, team: str) -> None:

@@ -75,13 +75,14 @@ def test_helm_install_upgrade_uninstall(local_cluster: LocalCluster) -> None:
     deployment = chart_deployment(manifests)["metadata"]["name"]
     roles = [r["metadata"]["name"] for r in of_kind(manifests, "ClusterRole")]
     assert len(roles) == 2, roles  # the operator's, and the read-only one for nodes
-    (policy,) = of_kind(manifests, "ValidatingAdmissionPolicy")
+    policies = [p["metadata"]["name"] for p in of_kind(manifests, "ValidatingAdmissionPolicy")]
+    assert len(policies) == 2, policies  # the job policy, and the operator's own bounds
     (secret,) = of_kind(manifests, "Secret")
     cluster_objects = [
         *(("clusterrole", role) for role in roles),
         *(("clusterrolebinding", role) for role in roles),
-        ("validatingadmissionpolicy", policy["metadata"]["name"]),
-        ("validatingadmissionpolicybinding", policy["metadata"]["name"]),
+        *(("validatingadmissionpolicy", policy) for policy in policies),
+        *(("validatingadmissionpolicybinding", policy) for policy in policies),
     ]
 
     def get(kind: str, name: str, ns: str | None = None) -> dict[str, Any] | None:
@@ -98,6 +99,11 @@ def test_helm_install_upgrade_uninstall(local_cluster: LocalCluster) -> None:
         helm("install", release, str(CHART), *in_namespace, "--create-namespace")
         installed = get("deployment", deployment, namespace)
         assert installed is not None
+        # No networkPolicy.apiServerCIDRs given: derived from the cluster's `kubernetes`
+        # Service (this control plane writes no EndpointSlice for it).
+        container = installed["spec"]["template"]["spec"]["containers"][0]
+        derived = [a for a in container["args"] if a.startswith("--api-server-cidr")]
+        assert derived == ["--api-server-cidr=10.96.0.1/32:443"], derived
         for kind, name in cluster_objects:
             assert get(kind, name) is not None, f"{kind} {name} missing after install"
         key = ray_key()

@@ -135,3 +135,47 @@ def test_a_raycluster_is_deleted_only_by_the_uid_seen(
     wait_for(
         lambda: asyncio.run(kube.get_ray_cluster(ns, "seen")) is None, 60, "the RayCluster gone"
     )
+
+
+NODE_STATES: dict[str, tuple[bool, str, list[dict[str, str]]]] = {
+    # name: (spec.unschedulable, the Ready condition's status, taints)
+    "rlhf-e2e-cordoned-ready": (True, "True", []),
+    "rlhf-e2e-cordoned-not-ready": (
+        True, "False", [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}],
+    ),
+    "rlhf-e2e-cordoned-unreachable": (
+        True, "Unknown", [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}],
+    ),
+    "rlhf-e2e-tainted-not-cordoned": (
+        False, "True", [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+    ),
+    "rlhf-e2e-schedulable": (False, "True", []),
+}  # fmt: skip
+"""Nodes in the states a drain finds them in. A cordon is `spec.unschedulable` whatever else
+the node says: a node that went NotReady or unreachable while being drained still holds the
+job's pods (and their PodDisruptionBudget holds the drain) until the job moves off."""
+
+
+def test_every_cordoned_node_is_listed_whatever_its_readiness_and_taints(
+    local_cluster: LocalCluster,
+) -> None:
+    core, kube = local_cluster.core, Kube(local_cluster.api)
+    try:
+        for name, (cordoned, ready, taints) in NODE_STATES.items():
+            core.create_node(
+                client.V1Node(
+                    metadata=client.V1ObjectMeta(name=name),
+                    spec=client.V1NodeSpec(unschedulable=cordoned, taints=taints or None),
+                )
+            )
+            condition = {"type": "Ready", "status": ready, "reason": "E2E"}
+            core.patch_node_status(name, {"status": {"conditions": [condition]}})
+        listed = asyncio.run(kube.cordoned_nodes()) & set(NODE_STATES)
+        assert listed == {name for name, (cordoned, _, _) in NODE_STATES.items() if cordoned}
+    finally:
+        for name in NODE_STATES:
+            try:
+                core.delete_node(name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise

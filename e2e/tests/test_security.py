@@ -19,7 +19,12 @@ from kubernetes import client
 
 from rlhf_local import cluster, netpol
 from rlhf_local.jobs import FINISH_AT_ONCE, Jobs, job_manifest
-from rlhf_local.operator_process import OPERATOR_NAMESPACE, OperatorProcess, chart_service_account
+from rlhf_local.operator_process import (
+    OPERATOR_NAMESPACE,
+    REWARD_SERVERS_LABEL,
+    OperatorProcess,
+    chart_service_account,
+)
 from rlhf_local.testing import RESTRICTED, LocalCluster, fresh_namespace, wait_for
 from rlhf_operator.names import OPERATOR_POD_LABELS
 from rlhfjob import api
@@ -253,9 +258,12 @@ BLOCKED = [
     ("a job's worker reaches the cloud metadata address", "worker", "metadata", 80),
     ("a job's head reaches the metadata address on the API server's port", "head", "metadata", 443),
     ("a job's worker reaches an address its spec does not declare", "worker", "outside", 443),
-    ("a job's worker reaches the API server (only the head may)", "worker", "api", 6443),
+    ("a job's worker reaches the API server (only the head may)", "worker", "api", 443),
+    ("a job's head reaches another address on the API server's port", "head", "outside", 6443),
     ("a job's worker reaches a pod of another namespace", "worker", "stranger", 6379),
     ("a job's worker reaches the bucket's port on another address", "worker", "near-bucket", 8333),
+    ("a job's reward server's name opens its port in any namespace", "worker", "stranger", 8000),
+    ("a job's reward server's name opens its port on any address", "worker", "outside", 8000),
 ]
 ALLOWED = [
     ("operator", "head", 8265, "TCP"),
@@ -263,8 +271,8 @@ ALLOWED = [
     ("worker", "head", 6379, "TCP"),
     ("worker", "dns", 53, "UDP"),
     ("worker", "bucket", 8333, "TCP"),
-    ("head", "api", 6443, "TCP"),
-    ("worker", "stranger", 8000, "TCP"),  # the remote reward server's port, by name
+    ("head", "api", 443, "TCP"),
+    ("worker", "reward", 8000, "TCP"),  # the approved reward servers' namespace, by name
 ]
 
 
@@ -274,6 +282,9 @@ def _peer(name: str, namespace: str) -> netpol.Peer:
         "head": head,
         "worker": worker,
         "stranger": _stranger(),
+        "reward": netpol.Peer(
+            "10.244.8.8", "rewards", {"app": "rm"}, {REWARD_SERVERS_LABEL: "true"}
+        ),
         "metadata": METADATA,
         "outside": OUTSIDE,
         "api": API_SERVER,

@@ -40,6 +40,10 @@ INSTALLATION = (
     ("allowedSchedulerNames", "$policy.allowedSchedulerNames | default list | toJson"),
     ("allowedNfsServers", "$policy.allowedNfsServers | default list | toJson"),
     ("allowedCsiDrivers", "$policy.allowedCsiDrivers | default list | toJson"),
+    ("allowedImageRegistries", "$policy.allowedImageRegistries | default list | toJson"),
+    ("allowedExtendedResources", "$policy.allowedExtendedResources | default list | toJson"),
+    ("kueue", ".Values.kueue.enabled | default false | toJson"),
+    ("queueRequired", "and .Values.kueue.enabled .Values.kueue.requireQueueName | toJson"),
     ("operatorNamespace", ".Release.Namespace | toJson"),
     ("operatorServiceAccount", 'include "rlhfjob.serviceAccountName" . | toJson'),
 )
@@ -53,8 +57,10 @@ operator's power. The operator creates each job's pods, so without this a user w
 RLHFJobs could mount a hostPath (or any volume type) through spec.checkpoint.volume or a pod's
 volumes, read a Secret of the namespace into the pods' environment where Secret volumes are not
 allowed, or run the job's pods as another ServiceAccount of the namespace (the operator's own
-included). The operator checks the same rules at a job's first reconcile; this refuses the job
-at the door, naming the field. An UPDATE that leaves a field as it was is not re-checked, so a
+included), run an image of a registry the installation does not list, request an extended
+resource it does not list, or, where Kueue admits jobs, run without a queue label (outside its
+team's quota). The operator checks the same rules at every reconcile; this refuses the job at
+the door, naming the field. An UPDATE that leaves a field as it was is not re-checked, so a
 job created before a policy change can still be finalized and deleted.
 */}}}}
 {{{{- if .Values.jobPolicy.admissionPolicy.enabled }}}}

@@ -32,14 +32,7 @@ from rlhf_operator.names import (
     ray_cluster_name,
     trainer_service_account,
 )
-from rlhf_operator.network import (
-    API_SERVER_PORTS,
-    DNS_PODS,
-    Destination,
-    NetworkSettings,
-    egress_rule,
-    job_destinations,
-)
+from rlhf_operator.network import DNS_PODS, NetworkSettings
 from rlhf_operator.queueing import PodSetPlacement
 from rlhfjob import api
 from rlhfjob.api import (
@@ -384,9 +377,10 @@ def build_network_policies(job: RLHFJob, network: NetworkSettings) -> list[dict[
     """Who may reach the job's Ray pods and where they may connect (`network`).
 
     In: each other; the operator's pods, to the head's dashboard; Prometheus's namespaces, to
-    the metrics ports. Out: each other, the cluster DNS, what the spec declares (bucket endpoint,
-    remote reward servers) and the installation's extra destinations. A second policy lets the
-    head alone reach the API server (its heartbeat Lease); none reaches the metadata address."""
+    the metrics ports. Out: each other, the cluster DNS, the installation's approved entries
+    that the spec's destinations match (bucket endpoint, remote reward servers, trackers) and
+    its extra destinations (`network`). A second policy lets the head alone reach the API
+    server (its heartbeat Lease); no address block admits link-local or metadata addresses."""
     own_pods = {"podSelector": {"matchLabels": {LABEL_JOB: job.metadata.name}}}
     operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
     operator["namespaceSelector"] = _namespace(network.operator_namespace)
@@ -409,11 +403,7 @@ def build_network_policies(job: RLHFJob, network: NetworkSettings) -> list[dict[
         {"to": [copy.deepcopy(own_pods)]},
         {"to": [dns], "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]},
     ]
-    for destination in [*job_destinations(job), *network.extra_egress]:
-        if (rule := egress_rule(destination)) is not None and rule not in egress:
-            egress.append(rule)
-    api_server = network.api_server or (Destination(None, API_SERVER_PORTS),)
-    to_api_server = [r for d in api_server if (r := egress_rule(d, services=False)) is not None]
+    egress += [rule for rule in network.egress_rules(job) if rule not in egress]
     head = {LABEL_JOB: job.metadata.name, ray.LABEL_NODE_TYPE: ray.NODE_HEAD}
     return [
         {
@@ -434,7 +424,7 @@ def build_network_policies(job: RLHFJob, network: NetworkSettings) -> list[dict[
             "spec": {
                 "podSelector": {"matchLabels": head},
                 "policyTypes": ["Egress"],
-                "egress": to_api_server,
+                "egress": network.api_server_rules(),
             },
         },
     ]

@@ -90,7 +90,7 @@ class PlanExecutor:
         stops it: the world with that failure in it is returned, to be decided again.
         """
         namespace, name = job.metadata.namespace, job.metadata.name
-        url = seen.cluster.dashboard if seen.cluster else None
+        url = seen.trusted_dashboard  # the token goes only to a head Service checked just now
         dashboard = self.ray_auth.dashboard(job, url) if url else None
         for action in plan.actions:
             match action:
@@ -238,7 +238,10 @@ class PlanExecutor:
         the heartbeat Lease, then the RoleBinding (the API server checks the Role it binds), then
         the RayCluster. Returns the first refusal in the builder's order; after one, the later
         stages are not applied."""
-        owned = builder.build_owned_objects(job, self.ray_auth.token(job), self.network, placement)
+        # Off the event loop, like the parse: the ConfigMap is the spec written as YAML.
+        owned = await asyncio.to_thread(
+            builder.build_owned_objects, job, self.ray_auth.token(job), self.network, placement
+        )
         lease = builder.build_heartbeat_lease(job)
         later = ("RoleBinding", "RayCluster")
         assert [m["kind"] for m in owned if m["kind"] in later] == list(later)

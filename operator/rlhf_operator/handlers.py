@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import aiohttp
 import kopf
+from aiohttp import web
 from kubernetes import client
 
 from rlhf_operator.kube import Kube, load_kube_config
@@ -37,7 +38,8 @@ from rlhf_operator.names import LABEL_JOB
 from rlhf_operator.network import NetworkSettings
 from rlhf_operator.policy import JobPolicy
 from rlhf_operator.ray_auth import RayAuth
-from rlhf_operator.rayjobs import RayJobClient
+from rlhf_operator.rayjobs import RayJobClient, dashboard_session
+from rlhf_operator.readiness import Readiness, jobs_readable
 from rlhf_operator.reconciler import Reconciler
 from rlhfjob import api
 from rlhfjob.contract import kuberay as ray
@@ -62,6 +64,10 @@ class OperatorSettings:
     """Where jobs' pods may connect and who may reach them (None: `Reconciler`'s default)."""
     dashboard_from_annotation: bool = False
     """A test hook: trust the RayCluster's dashboard annotation (`Reconciler`)."""
+    readiness_port: int = 0
+    """The readiness endpoint (`readiness.Readiness`), opened once started; 0: none."""
+    namespaces: tuple[str, ...] = ()
+    """The namespaces it serves (empty: every one), where readiness reads RLHFJobs."""
 
 
 KUBE_THREADS = 32
@@ -145,6 +151,7 @@ class _Operator:
         self.settings = settings
         self.session: aiohttp.ClientSession | None = None
         self._reconciler: Reconciler | None = None
+        self._readiness: web.AppRunner | None = None
         self._kicks: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self._numbers = itertools.count(1)
 
@@ -173,7 +180,7 @@ class _Operator:
             metrics.serve(self.settings.metrics_port)
         # `asyncio.to_thread` (the Kubernetes calls) and aiohttp's name lookups use this one.
         asyncio.get_running_loop().set_default_executor(UrgencyExecutor(KUBE_THREADS))
-        self.session = aiohttp.ClientSession()
+        self.session = dashboard_session()  # no decompression: a head's answers are untrusted
         configuration = load_kube_config().configuration
         configuration.connection_pool_maxsize = KUBE_THREADS
         self._reconciler = Reconciler(
@@ -186,8 +193,13 @@ class _Operator:
             dashboard_from_annotation=self.settings.dashboard_from_annotation,
             network=self.settings.network,
         )
+        if self.settings.readiness_port:  # last: ready means started
+            check = jobs_readable(client.ApiClient(configuration), self.settings.namespaces)
+            self._readiness = await Readiness(check).serve(self.settings.readiness_port)
 
     async def stop(self) -> None:
+        if self._readiness is not None:
+            await self._readiness.cleanup()
         if self.session is not None:
             await self.session.close()
 

@@ -5,10 +5,11 @@ chart can be read off this file: rlhfjobs (get, list, watch, patch status, delet
 (get, create, patch, delete), pods (list), configmaps / serviceaccounts / roles / rolebindings /
 networkpolicies / poddisruptionbudgets (get, create, patch: created, or applied over the job's
 own, never adopted), secrets (create only: never read, never changed), leases (get, create,
-patch: a drain's stop request), events (create, patch: the job's own Events; list: the
+patch: a drain's stop request), events (create: kopf posts the job's own Events; list: the
 Warnings KubeRay records on a RayCluster not ready), nodes (list: the cordoned ones, where
 trainer pods run); with Kueue: workloads (get, list, watch, create, patch; status: patch),
-resourceflavors and workloadpriorityclasses (get), priorityclasses (get).
+resourceflavors and workloadpriorityclasses (get), priorityclasses (get). Every write carries
+the job's labels (`names.job_labels`): the chart's operator policy refuses any other.
 
 The API server's refusal of an object (HTTP 400, 403, 409, 422) is `ports.ApplyRefusedError`,
 quoting only the Status message; every other error stays the client's `ApiException`.
@@ -228,6 +229,15 @@ class Kube:
             label_selector=f"{ray.LABEL_CLUSTER}={cluster}",
         )
         return list(pods.items)
+
+    async def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found = await self._run(self.core.read_namespaced_service, name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(self.api_client.sanitize_for_serialization(found))
 
     async def cluster_events(self, namespace: str, cluster: str) -> list[Any]:
         """KubeRay's Warning Events on one RayCluster (why its pods are not there).

@@ -102,10 +102,14 @@ def job_labels(job: RLHFJob) -> dict[str, str]:
     return {**STANDARD_LABELS, LABEL_JOB: job.metadata.name}
 
 
+def head_service_name(job: RLHFJob) -> str:
+    """The head Service KubeRay makes for the job's RayCluster (`<cluster>-head-svc`)."""
+    return f"{ray_cluster_name(job)}-head-svc"
+
+
 def dashboard_url(job: RLHFJob) -> str:
-    """The head Service's dashboard inside the cluster (KubeRay names it `<cluster>-head-svc`)."""
-    service = f"{ray_cluster_name(job)}-head-svc"
-    return f"http://{service}.{job.metadata.namespace}.svc:{DASHBOARD_PORT}"
+    """The head Service's dashboard inside the cluster."""
+    return f"http://{head_service_name(job)}.{job.metadata.namespace}.svc:{DASHBOARD_PORT}"
 
 
 def submission_id(job: RLHFJob, attempt: int) -> str:

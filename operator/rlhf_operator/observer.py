@@ -21,10 +21,12 @@ from rlhf_operator import names, queueing
 from rlhf_operator.builder import owner_reference
 from rlhf_operator.lifecycle import Plan
 from rlhf_operator.parsers import (
+    NO_TOKEN,
     claim,
     cluster_view,
     cluster_warning,
     error_text,
+    head_service_problem,
     heartbeat_from_lease,
     scheduling_problem,
     startup_problem,
@@ -74,6 +76,8 @@ class _Reads:
     ray_job: RayJobView | None = None
     previous_ray_job: RayJobView | None = None
     dashboard_error: str | None = None
+    trusted_dashboard: str | None = None
+    """The dashboard address whose head Service was checked to be the cluster's own."""
     ray_job_read: bool = False
     scheduling_problem: str | None = None
     startup_problem: str | None = None
@@ -127,7 +131,7 @@ class Observer:
             reads = await self._read_leftovers(job)
         else:
             reads = _Reads()
-        drained = await self._drained_nodes(reads, now)
+        drained = await self._drained_nodes(job, shell, reads, now)
         if queued and shell is not None:
             workload = names.workload_name(job)
             reads.workload = await self.kube.get_workload(job.metadata.namespace, workload)
@@ -147,6 +151,7 @@ class Observer:
             ray_job_read=reads.ray_job_read,
             previous_ray_job=reads.previous_ray_job,
             dashboard_error=reads.dashboard_error,
+            trusted_dashboard=reads.trusted_dashboard,
             heartbeat=heartbeat_from_lease(reads.lease),
             scheduling_problem=reads.scheduling_problem,
             startup_problem=reads.startup_problem,
@@ -205,10 +210,11 @@ class Observer:
         if silent is not None and status.submission_id is None:
             return _Reads(dashboard_error=silent)
         namespace = job.metadata.namespace
+        untrusted = await self._untrusted_head(job, shell)
         pods, lease, (ray_job, previous, error) = await asyncio.gather(
             self.kube.cluster_pods(namespace, names.ray_cluster_name(job)),
             self.kube.get_lease(namespace, names.heartbeat_lease_name(job)),
-            self._ask_dashboard(job, shell, status.restart_count, now),
+            self._ask_dashboard(job, shell, status.restart_count, now, untrusted),
         )
         return _Reads(
             pods=pods,
@@ -216,21 +222,53 @@ class Observer:
             ray_job=ray_job,
             previous_ray_job=previous,
             dashboard_error=error,
+            trusted_dashboard=shell.dashboard if untrusted is None else None,
             ray_job_read=error is None,
         )
 
-    async def _drained_nodes(self, reads: _Reads, now: datetime) -> tuple[str, ...]:
-        """The cordoned nodes a trainer pod runs on, while its Ray job runs or may be retried.
+    async def _untrusted_head(self, job: RLHFJob, cluster: ClusterView) -> str | None:
+        """Why the job's head Service is not to be given its token (someone else's Service
+        of that name, or none yet); None when the job's RayCluster controls it."""
+        namespace, name = job.metadata.namespace, names.head_service_name(job)
+        try:
+            service = await self.kube.get_service(namespace, name)
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            return (
+                f"the operator may not read the Service {name} (grant get on services): {NO_TOKEN}"
+            )
+        return head_service_problem(service, cluster)
+
+    async def _drained_nodes(
+        self, job: RLHFJob, shell: ClusterView | None, reads: _Reads, now: datetime
+    ) -> tuple[str, ...]:
+        """The cordoned nodes the head or a trainer pod runs on, in whatever state the job is:
+        its cluster provisioning, its dashboard silent, its driver not yet submitted, pending,
+        running, or failed and to be retried. Their PodDisruptionBudget holds the node's drain
+        back until the job moves off, so a state that did not look would hold it as long as
+        the state lasts (a head whose dashboard never answers: for ever). Not a cluster being
+        deleted (its pods go), nor one whose driver Ray reports done (the job ends instead).
 
         A driver that failed on a cordoned node counts too: the drain evicts the rollout pods
         there at once, and a step without engines can fail before the stop request is heard.
         Moving off is no restart; its checkpoint is the last step it trained. The cordon came
         before that failure, so a list taken before the failure will not do."""
-        on, ray_job = trainer_nodes(reads.pods or []), reads.ray_job
-        if not on or ray_job is None or not (ray_job.active or ray_job.failed_retryably):
+        ray_job = reads.ray_job
+        if shell is None or shell.deleting:
             return ()
-        since = None if ray_job.active else ray_job.ended or now
-        return tuple(sorted(on & await self._cordoned_nodes(listed_after=since)))
+        if ray_job is not None and not (ray_job.active or ray_job.failed_retryably):
+            return ()
+        if reads.pods is not None and not trainer_nodes(reads.pods):
+            return ()  # none scheduled yet: nothing on any node to hold a drain
+        since = None if ray_job is None or ray_job.active else ray_job.ended or now
+        cordoned = await self._cordoned_nodes(listed_after=since)
+        if not cordoned:
+            return ()
+        pods = reads.pods
+        if pods is None:  # not read between the asks of a silent dashboard: read them now
+            pods = await self.kube.cluster_pods(job.metadata.namespace, shell.name)
+        return tuple(sorted(trainer_nodes(pods) & cordoned))
 
     async def _cordoned_nodes(self, listed_after: datetime | None = None) -> frozenset[str]:
         """The cordoned nodes, shared by every job for a few seconds (and listed after
@@ -265,12 +303,20 @@ class Observer:
         return silent.error
 
     async def _ask_dashboard(
-        self, job: RLHFJob, cluster: ClusterView, restart_count: int, now: datetime
+        self,
+        job: RLHFJob,
+        cluster: ClusterView,
+        restart_count: int,
+        now: datetime,
+        untrusted: str | None = None,
     ) -> tuple[RayJobView | None, RayJobView | None, str | None]:
         """This attempt's Ray job (and the previous one's, when there is no current one), or
-        why the dashboard did not answer. A dashboard that did not answer is not asked again
-        before the policy's retry time: the last answer stands until then."""
+        why the dashboard did not answer (or, `untrusted`, why it is not asked). A dashboard
+        that did not answer is not asked again before the policy's retry time: the last
+        answer stands until then."""
         assert cluster.dashboard is not None
+        if untrusted is not None:
+            return None, None, untrusted
         if (silent := self._silence(job, cluster, now)) is not None:
             return None, None, silent
         dashboard = self.ray_auth.dashboard(job, cluster.dashboard)

@@ -35,6 +35,9 @@ from rlhfjob.contract import kuberay as ray
 from rlhfjob.contract.lease import LEASE_STOP_REQUESTED_AT, parse_time
 
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
+_RAY_JOB_STATES = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters but tab and line feed: never in a status message."""
 
 # ---------------------------------------------------------------------------------------------
 # Ownership
@@ -87,6 +90,35 @@ def claim(body: dict[str, Any], owner: dict[str, Any]) -> Claim | None:
         f"{kind} {where} exists and is not this job's ({holder}); the operator never adopts "
         "an object: remove it, or give the job another name",
     )
+
+
+NO_TOKEN = "the job's token is not sent to it"
+
+
+def head_service_problem(service: dict[str, Any] | None, cluster: ClusterView) -> str | None:
+    """Why the operator will not send the job's token to the head Service `service`: it is
+    missing, or its controller is not the job's RayCluster `cluster` (by uid; the cluster is
+    the job's, checked by `claim`). A Service of that name that someone else made would get
+    the token and every answer of it would be believed. None: it is the cluster's own."""
+    if service is None:
+        return f"the Ray head Service does not exist (yet): {NO_TOKEN}"
+    held = controller_of(service)
+    if (
+        held is not None
+        and cluster.uid is not None
+        and held.get("uid") == cluster.uid
+        and held.get("kind") == ray.RAY_CLUSTER_KIND
+    ):
+        return None
+    metadata = service.get("metadata") if isinstance(service.get("metadata"), dict) else {}
+    name = _one_line((metadata or {}).get("name") or "?", 80)
+    holder = (
+        f"its controller is {_one_line(held.get('kind'), 60)} {_one_line(held.get('name'), 80)} "
+        f"(uid {_one_line(held.get('uid'), 60)})"
+        if held is not None
+        else "it has no controller"
+    )
+    return f"the Service {name} is not the RayCluster {cluster.name}'s own ({holder}): {NO_TOKEN}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,16 +474,30 @@ def cluster_view(
 
 
 def ray_job_view(submission_id: str, body: dict[str, Any]) -> RayJobView:
-    """A job as the Job Submission API's `GET /api/jobs/<id>` describes it."""
-    message = body.get("message") or ""
+    """A job as the Job Submission API's `GET /api/jobs/<id>` describes it.
+
+    The head runs the job's code, which may answer anything: a field of the wrong type raises
+    ValueError naming it, and Ray's message keeps no control characters but line breaks."""
+    status, message = body.get("status"), body.get("message") or ""
+    if status not in _RAY_JOB_STATES:
+        raise ValueError(f"status is not one of {', '.join(_RAY_JOB_STATES)}")
+    if not isinstance(message, str):
+        raise ValueError("message is not a string")
+    message = _CONTROL.sub(" ", message[:MESSAGE_LIMIT])
     exit_code = body.get("driver_exit_code")
+    if exit_code is not None and (not isinstance(exit_code, int) or isinstance(exit_code, bool)):
+        raise ValueError("driver_exit_code is not an integer")
     if exit_code is None and (match := _EXIT_CODE.search(message)):
         exit_code = int(match.group(1))
     end_ms = body.get("end_time")
+    try:
+        ended = datetime.fromtimestamp(end_ms / 1000, UTC) if end_ms else None
+    except (TypeError, OverflowError, OSError, ValueError):
+        raise ValueError("end_time is not a time in milliseconds") from None
     return RayJobView(
         submission_id=submission_id,
-        status=body["status"],
-        message=message[:MESSAGE_LIMIT],
+        status=status,
+        message=message,
         exit_code=exit_code,
-        ended=datetime.fromtimestamp(end_ms / 1000, UTC) if end_ms else None,
+        ended=ended,
     )

@@ -8,11 +8,11 @@ in the chart's values. The policy is enforced twice, from this one module: the o
 a job at its first reconcile, before any cluster exists (clusters without the admission
 policy), and the chart's ValidatingAdmissionPolicy refuses it at apply. Each rule is written
 in both forms side by side, the Python check and its CEL (`Check`), in a module of its topic:
-Secrets (`policy_secrets`), where pods run (`policy_placement`), volumes (`policy_volumes`); the
-job's identity is here. `JobPolicy.problems` and `checks` gather them, and
-`rlhf_operator.admission` generates the chart's template from the CEL;
-`tests/operator/test_admission.py` evaluates the rendered policy against `problems` on the
-same jobs, so the two cannot drift apart.
+Secrets (`policy_secrets`), where pods run (`policy_placement`), volumes (`policy_volumes`),
+images and extended resources (`policy_supply`); the job's identity and its queue are here.
+`JobPolicy.problems` and `checks` gather them, and `rlhf_operator.admission` generates the
+chart's template from the CEL; `tests/operator/test_admission.py` evaluates the rendered policy
+against `problems` on the same jobs, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -20,10 +20,23 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from rlhf_operator import policy_egress as egress
 from rlhf_operator import policy_placement as placement
 from rlhf_operator import policy_secrets as secrets
+from rlhf_operator import policy_supply as supply
 from rlhf_operator import policy_volumes as volumes
-from rlhf_operator.policy_base import Check, Variable, field_or, pair, pod_places, unchanged
+from rlhf_operator.network import NetworkSettings
+from rlhf_operator.policy_base import (
+    ROOTS,
+    Check,
+    Variable,
+    field_or,
+    pair,
+    pod_places,
+    present,
+    same_side,
+    unchanged,
+)
 from rlhf_operator.queueing import queue_name
 from rlhfjob.api import RLHFJob
 from rlhfjob.api.kubeschema import VOLUME_SOURCES
@@ -33,6 +46,11 @@ DEFAULT_VOLUME_TYPES = VOLUME_SOURCES
 """Volume sources a job's volumes may use unless the policy says otherwise: those whose
 Kubernetes schema the API carries (`rlhfjob.api.kubeschema`)."""
 ACCOUNT = "spec.serviceAccountName"
+QUEUE_LABEL = f"metadata.labels[{LABEL_QUEUE_NAME}]"
+UNQUEUED = (
+    "the job names no LocalQueue, and this installation admits every job through Kueue (or it "
+    "would run outside its team's quota): add the label (the chart's kueue.requireQueueName)"
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,14 @@ class JobPolicy:
     kueue: bool = False
     """Whether jobs may ask Kueue for admission (the operator runs with `--kueue`): a job with
     a queue label where nothing would queue it must not run unqueued, past its team's quota."""
+    require_queue_name: bool = True
+    """With `kueue`: a job must name its LocalQueue (Kueue's label), or it would run outside
+    every quota at any priority (`--kueue-optional` turns it off)."""
+    allowed_image_registries: tuple[str, ...] = ()
+    """Registries (or paths, or repositories) images may come from; empty: any
+    (`policy_supply.image_allowed`)."""
+    allowed_extended_resources: tuple[str, ...] = supply.DEFAULT_EXTENDED_RESOURCES
+    """Extended resources the pods may request (a role's `gpus` are `nvidia.com/gpu`)."""
     tolerate_all_taints: bool = False
     """Whether a toleration may match every taint (`operator: Exists` without a key)."""
     allowed_system_priority_classes: tuple[str, ...] = ()
@@ -57,6 +83,10 @@ class JobPolicy:
     """Servers an inline `nfs` volume may mount from; empty: none."""
     allowed_csi_drivers: tuple[str, ...] = ()
     """Drivers an inline `csi` volume may use; empty: none."""
+    network: NetworkSettings | None = None
+    """The installation's approved egress: each destination a job names must be covered
+    (`policy_egress`). None: not checked, as in the admission policy, which has no such rule;
+    the `Reconciler` gives its policy the operator's network settings."""
 
     @property
     def secrets_allowed(self) -> bool:
@@ -78,6 +108,10 @@ class JobPolicy:
             spec, nfs_servers=self.allowed_nfs_servers, csi_drivers=self.allowed_csi_drivers
         )
         found += self._queue_problems(job)
+        found += supply.image_problems(spec, self.allowed_image_registries)
+        found += supply.resource_problems(spec, self.allowed_extended_resources)
+        if self.network is not None:
+            found += egress.problems(job, self.network)
         found += volumes.checkpoint_problems(spec, self.allowed_volume_types)
         for path, pod in spec.pod_places().items():
             found += volumes.pod_problems(path, pod, self.allowed_volume_types)
@@ -96,12 +130,15 @@ class JobPolicy:
         return []
 
     def _queue_problems(self, job: RLHFJob) -> list[str]:
-        if not self.kueue and (queue := queue_name(job)) is not None:
+        queue = queue_name(job)
+        if not self.kueue and queue is not None:
             return [
-                f"metadata.labels[{LABEL_QUEUE_NAME}]: {queue!r} asks Kueue to admit the job, "
+                f"{QUEUE_LABEL}: {queue!r} asks Kueue to admit the job, "
                 "but this operator runs without the Kueue integration (the chart's "
                 "kueue.enabled); remove the label or enable it"
             ]
+        if self.kueue and self.require_queue_name and queue is None:
+            return [f"{QUEUE_LABEL}: {UNQUEUED}"]
         return []
 
     def _account_problems(self, job: RLHFJob) -> list[str]:
@@ -146,6 +183,14 @@ def _identity_variables() -> list[Variable]:
     ]
 
 
+def _queue_name(root: str) -> str:
+    """CEL: the job's LocalQueue (Kueue's label on it), or '' (`queueing.queue_name`'s None)."""
+    labels = f"{root}.metadata.labels"
+    return f"{present(root, 'metadata.labels')} && '{LABEL_QUEUE_NAME}' in {labels}" + (
+        f" ? {labels}['{LABEL_QUEUE_NAME}'] : ''"
+    )
+
+
 def variables() -> list[Variable]:
     """The policy's variables after the installation's (`admission.INSTALLATION`), each after
     the variables it reads."""
@@ -153,6 +198,7 @@ def variables() -> list[Variable]:
         *_identity_variables(),
         *volumes.checkpoint_variables(),
         *pair("serviceAccount", functools.partial(field_or, path=ACCOUNT, empty="''")),
+        *(Variable(same_side(root, "queueName"), _queue_name(root)) for root in ROOTS),
     ]
     for index, place in enumerate(pod_places()):
         found += volumes.pod_variables(index, place)
@@ -162,6 +208,7 @@ def variables() -> list[Variable]:
         *secrets.token_variables(),
         *placement.variables(),
         *secrets.bucket_variables(),
+        *supply.variables(),
     ]
 
 
@@ -195,6 +242,27 @@ def _identity_checks() -> list[Check]:
     ]
 
 
+def _queue_checks() -> list[Check]:
+    """A queue label only where Kueue admits jobs; where it must, every job has one."""
+    kept = unchanged("queueName")
+    return [
+        Check(
+            QUEUE_LABEL,
+            f"{kept} || variables.kueue || variables.queueName == ''",
+            f"{QUEUE_LABEL}: this installation runs without the Kueue integration",
+            f"'{QUEUE_LABEL}: ' + variables.queueName + ' asks Kueue to admit the job, but this"
+            " operator runs without the Kueue integration (the chart\\'s kueue.enabled); remove"
+            " the label or enable it'",
+        ),
+        Check(
+            QUEUE_LABEL,
+            f"{kept} || !variables.queueRequired || variables.queueName != ''",
+            f"{QUEUE_LABEL}: {UNQUEUED}",
+            "'" + f"{QUEUE_LABEL}: {UNQUEUED}".replace("'", "\\'") + "'",
+        ),
+    ]
+
+
 def checks() -> list[Check]:
     """The policy's validations, one per rule and place (`JobPolicy.problems` in CEL)."""
     found = [
@@ -203,7 +271,8 @@ def checks() -> list[Check]:
         *secrets.token_checks(),
         *placement.checks(),
         *volumes.inline_checks(),
+        *_queue_checks(),
     ]
     for index, place in enumerate(pod_places()):
         found += [volumes.pod_check(index, place), secrets.environment_check(index, place)]
-    return [*found, *secrets.bucket_checks()]
+    return [*found, *secrets.bucket_checks(), *supply.image_checks(), *supply.resource_checks()]

@@ -83,6 +83,11 @@ class KubePort(Protocol):
         """The pods (`V1Pod`) of one RayCluster."""
         ...
 
+    async def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Service as a dict (the head Service, whose controller is checked before the job's
+        token is sent to it), or None when there is none."""
+        ...
+
     async def cluster_events(self, namespace: str, cluster: str) -> list[Any]:
         """The Warning Events (`CoreV1Event`) recorded on one RayCluster, e.g. KubeRay's
         FailedToCreateWorkerPod. Read only while the cluster is not ready."""

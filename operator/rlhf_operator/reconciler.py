@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from rlhf_operator.ports import KubePort, RayJobsPort
 from rlhf_operator.ray_auth import RayAuth
 from rlhf_operator.views import Observed
 from rlhfjob.api import Phase, RestartRecord, RLHFJob, RLHFJobStatus
+from rlhfjob.api.base import json_size
 from rlhfjob.config import InvalidJobError, UnknownFieldsError, parse_job
 
 log = logging.getLogger("rlhf_operator")
@@ -35,6 +37,11 @@ log = logging.getLogger("rlhf_operator")
 MAX_DECISIONS = 3
 """Decisions per reconcile: the first, and one per action that failed in a known way (each
 decision knows the failures before it, so the policy never plans the same failed action)."""
+PARSE_CACHE_BYTES = 4 * 1024 * 1024
+"""The spec bytes (as JSON) the parse cache keeps: some 80 MB of parsed jobs at most, a
+thousand jobs of a few KiB."""
+PARSE_CACHE_ENTRY_BYTES = 32 * 1024
+"""A spec larger than this is not kept (parsing it again costs a few tens of milliseconds)."""
 OUTDATED_RETRY_SECONDS = 60.0
 """How often a job with fields this operator does not know is looked at again (an upgraded
 operator is a new process, so this only bounds a stale watch)."""
@@ -64,13 +71,16 @@ class Reconciler:
         self.observer = Observer(
             kube, ray_jobs, ray_auth, clock, dashboard_from_annotation=dashboard_from_annotation
         )
+        network = network or self.policy.network
         network = network or NetworkSettings(operator_namespace=self.policy.operator_namespace)
+        # One source for both: the policies the job gets and the destinations it may name.
+        self.policy = replace(self.policy, network=network)
         self.executor = PlanExecutor(kube, ray_jobs, ray_auth, metrics, emit, network)
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._phases: dict[tuple[str, str], str] = {}
-        self._parsed: dict[tuple[str, str], tuple[tuple[Any, Any], RLHFJob]] = {}
-        """Each job as last parsed, by the uid and resourceVersion it was parsed at: a job the
-        timer finds unchanged is not validated again (most of a quiet reconcile's CPU)."""
+        self._parsed = ParseCache()
+        """Each job as last parsed: a job the timer finds unchanged is not validated again
+        (most of a quiet reconcile's CPU)."""
 
     @property
     def dashboard_asks(self) -> int:
@@ -95,7 +105,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         self._locks.pop((namespace, name), None)
-        self._parsed.pop((namespace, name), None)
+        self._parsed.pop((namespace, name))
         self._phases.pop((namespace, name), None)
         self.observer.forget(namespace, name)
         self._update_phase_gauge()
@@ -107,7 +117,7 @@ class Reconciler:
             self.forget(namespace, name)
             return None
         try:
-            job = self._parse(body, f"{namespace}/{name}")
+            job = await self._parse(body, f"{namespace}/{name}")
         except UnknownFieldsError as error:
             await self.executor.mark_outdated(body, error)
             return OUTDATED_RETRY_SECONDS
@@ -137,17 +147,18 @@ class Reconciler:
         self.observer.remember_silence(job, seen, plan)
         return plan.requeue_after
 
-    def _parse(self, body: dict[str, Any], source: str) -> RLHFJob:
+    async def _parse(self, body: dict[str, Any], source: str) -> RLHFJob:
         """`parse_job`, once per version of the object (the API server gives every change a
-        new resourceVersion); the parsed job is only read, never changed."""
+        new resourceVersion), off the event loop: validating a spec takes about a millisecond
+        per KiB (its CEL rules), and the loop serves every job's handlers meanwhile. The
+        parsed job is only read, never changed."""
         metadata = body["metadata"]
         key = (metadata.get("namespace", "default"), metadata["name"])
         version = (metadata.get("uid"), metadata.get("resourceVersion"))
-        cached = self._parsed.get(key)
-        if cached is not None and version[1] is not None and cached[0] == version:
-            return cached[1]
-        job = parse_job(body, source)
-        self._parsed[key] = (version, job)
+        if (cached := self._parsed.get(key, version)) is not None:
+            return cached
+        job, size = await asyncio.to_thread(_parse_sized, body, source)
+        self._parsed.put(key, version, job, size)
         return job
 
     def _record_metrics(self, job: RLHFJob, seen: Observed, plan: Plan) -> None:
@@ -179,6 +190,54 @@ class Reconciler:
         for phase in self._phases.values():
             counts[phase] = counts.get(phase, 0) + 1
         self.metrics.set_phase_counts(counts)
+
+
+def _parse_sized(body: dict[str, Any], source: str) -> tuple[RLHFJob, int]:
+    """The parsed job and the size of its spec as JSON (what `ParseCache` counts)."""
+    return parse_job(body, source), json_size(body.get("spec")) or 0
+
+
+class ParseCache:
+    """Jobs as last parsed, by (namespace, name) and the (uid, resourceVersion) parsed at,
+    bounded: a parsed job takes some twenty times its spec's JSON in memory, and a spec may
+    take 128 KiB (`api.MAX_SPEC_BYTES`), so a spec above `max_entry_bytes` is parsed at every
+    reconcile instead of kept, and past `max_bytes` the job reconciled longest ago goes."""
+
+    def __init__(
+        self, max_bytes: int = PARSE_CACHE_BYTES, max_entry_bytes: int = PARSE_CACHE_ENTRY_BYTES
+    ) -> None:
+        self.max_bytes, self.max_entry_bytes = max_bytes, max_entry_bytes
+        self._entries: OrderedDict[tuple[str, str], tuple[tuple[Any, Any], RLHFJob, int]] = (
+            OrderedDict()
+        )
+        self.bytes = 0
+        """The JSON bytes of the specs kept."""
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[str, str], version: tuple[Any, Any]) -> RLHFJob | None:
+        """The job parsed at `version` (None without a resourceVersion: nothing to compare)."""
+        entry = self._entries.get(key)
+        if entry is None or version[1] is None or entry[0] != version:
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
+
+    def put(self, key: tuple[str, str], version: tuple[Any, Any], job: RLHFJob, size: int) -> None:
+        """Keep `job` (its spec `size` bytes as JSON) in place of the key's earlier version."""
+        self.pop(key)
+        if size > self.max_entry_bytes:
+            return
+        self._entries[key] = (version, job, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, _, dropped) = self._entries.popitem(last=False)
+            self.bytes -= dropped
+
+    def pop(self, key: tuple[str, str]) -> None:
+        if (entry := self._entries.pop(key, None)) is not None:
+            self.bytes -= entry[2]
 
 
 def _newly_resumed(before: RLHFJobStatus, after: RLHFJobStatus) -> RestartRecord | None:

@@ -114,6 +114,11 @@ class Observed:
     """The previous attempt's job while recovering: it must be gone before the next starts."""
     dashboard_error: str | None = None
     """Set when the dashboard did not answer; `ray_job` is then unknown, not absent."""
+    trusted_dashboard: str | None = None
+    """The dashboard address whose head Service this reconcile found to be the job's
+    RayCluster's own (`parsers.head_service_problem`): the only address the job's token is
+    sent to. None: not checked this time, or not the cluster's (then `dashboard_error` says
+    why)."""
     ray_job_read: bool = True
     """Whether the dashboard was asked for this attempt's job this time and answered. When
     not (the cluster not ready, its dashboard silent), `ray_job` None is unknown, not absent:

@@ -4,6 +4,7 @@ helpers every model uses: CEL rules checked in Python, int-or-string, free-form 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -162,6 +163,35 @@ means different things to Python and to the API server)."""
 DNS_LABEL_PATTERN = f"^{_DNS_LABEL}$"
 
 
+MAX_SPEC_BYTES = 128 * 1024
+"""The most a job's spec may take as JSON (128 KiB; examples take 1-5 KiB). The operator parses
+a spec at every change, writes it into the job's ConfigMap and its pod overrides into every
+Ray group of the RayCluster: a spec of megabytes would stall the operator for every tenant and
+bring the RayCluster near etcd's limit on an object (1.5 MiB)."""
+MAX_RANDOM_INIT_BYTES = 64 * 1024
+"""The most `model.randomInit` may take as JSON (64 KiB; a Hugging Face config is 1-2 KiB)."""
+
+
+def json_size(value: Any) -> int | None:
+    """Bytes of `value` as compact JSON, as the API server stores it; None where it cannot be
+    written (nested deeper than Python's recursion limit: no spec is)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):
+        return None
+    return len(text.encode())
+
+
+def size_error(field: str, value: Any, limit: int, what: str) -> PydanticCustomError | None:
+    """The refusal of `value` (the field `field`, empty for the node itself) when it takes more
+    than `limit` bytes as JSON; `what` says what it usually holds."""
+    size = json_size(value)
+    if size is not None and size <= limit:
+        return None
+    taken = "is nested too deeply" if size is None else f"takes {size} bytes as JSON"
+    return _problems_error([(field, f"{taken}, more than the {limit} allowed ({what})")])
+
+
 def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{value}'" for value in values) + "]"
 
@@ -316,8 +346,20 @@ _RANDOM_INIT_SCHEMA = _open_object(
     },
     _RANDOM_INIT_RULES,
 )
+
+
+def _bounded_random_init(value: Any) -> Any:
+    """Refuse a `randomInit` above `MAX_RANDOM_INIT_BYTES` before anything reads it."""
+    if isinstance(value, dict) and (
+        error := size_error("", value, MAX_RANDOM_INIT_BYTES, "a Hugging Face config is 1-2 KiB")
+    ):
+        raise error
+    return value
+
+
 RandomInitConfig = Annotated[
     dict[str, Any],
+    BeforeValidator(_bounded_random_init),
     _checked(_RANDOM_INIT_RULES, _RANDOM_INIT_SCHEMA),
     WithJsonSchema(_RANDOM_INIT_SCHEMA),
 ]
@@ -341,13 +383,25 @@ _VOLUME_SCHEMA = _open_object(
 
 
 def _one_volume_source(value: dict[str, Any]) -> dict[str, Any]:
-    """A volume's sources: one, of Kubernetes' own schema where the API knows its type."""
+    """A volume's sources: exactly one Kubernetes volume source, an object, of Kubernetes' own
+    schema where the API knows its type. Anything less reaches the pod as a volume without a
+    source, which Kubernetes makes an empty directory (`kubeschema.KUBERNETES_VOLUME_SOURCES`)."""
     # Not expressible in CEL: the server shows a rule only the declared properties.
+    if not value:
+        raise ValueError("a volume needs a source (for example persistentVolumeClaim)")
     if len(value) > 1:
         raise ValueError(
             f"a volume has one source (for example persistentVolumeClaim), not {len(value)}: "
             + ", ".join(sorted(value))
         )
+    ((kind, source),) = value.items()
+    if kind not in kubeschema.KUBERNETES_VOLUME_SOURCES:
+        raise ValueError(
+            f"a volume needs a source: {kind!r} is no Kubernetes volume source (for example "
+            "persistentVolumeClaim, nfs, csi, emptyDir)"
+        )
+    if not isinstance(source, dict):
+        raise _problems_error([(f".{kind}", "must be an object: the volume source's fields")])
     if problems := kubeschema.schema_problems(VOLUME_SOURCES_SCHEMA, value):
         raise _problems_error(problems)
     return value

@@ -26,6 +26,19 @@ VOLUME_SOURCES = ("persistentVolumeClaim", "csi", "nfs", "emptyDir", "configMap"
 default (`--allowed-volume-type`), none of which reaches the node's own files."""
 
 
+KUBERNETES_VOLUME_SOURCES = (
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi",
+    "downwardAPI", "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk",
+    "gitRepo", "glusterfs", "hostPath", "image", "iscsi", "nfs", "persistentVolumeClaim",
+    "photonPersistentDisk", "portworxVolume", "projected", "quobyte", "rbd", "scaleIO", "secret",
+    "storageos", "vsphereVolume",
+)  # fmt: skip
+"""Every source a Kubernetes volume may have (`io.k8s.api.core.v1.Volume` but its name; a unit
+test holds them to the pinned client's): a volume has exactly one of them. Another key, or
+none, would reach the pod as a volume without a source, which Kubernetes makes an empty
+directory: checkpoints written there are lost with the pod."""
+
+
 def load_schema(path: Path = AFFINITY_PATH) -> dict[str, Any]:
     schema: dict[str, Any] = json.loads(path.read_text())
     return schema

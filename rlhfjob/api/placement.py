@@ -108,7 +108,7 @@ class TrainerRoleSpec(RoleSpec):
     waits for every trainer pod)."""
     replacement_timeout_seconds: int = Field(default=300, ge=0, le=86400)
     """Seconds lost trainer pods may take to come back before an elastic trainer restarts on
-    fewer replicas (0: at once)."""
+    fewer replicas (0: at once); at most a day (86400)."""
 
     @property
     def effective_min_replicas(self) -> int:

@@ -218,8 +218,6 @@ class PodVolume(ApiModel):
     def _one_source(self) -> PodVolume:
         # Not expressible in CEL: the server shows a rule only the declared properties.
         _one_volume_source(self.model_extra or {})
-        if not self.model_extra:
-            raise ValueError("a volume needs a source (for example persistentVolumeClaim)")
         return self
 
     def source_types(self) -> list[str]:

@@ -6,16 +6,25 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from rlhfjob.api.base import API_VERSION, KIND, MAX_NAME_LENGTH, NAME_PATTERN, ApiModel
+from rlhfjob.api.base import (
+    API_VERSION,
+    KIND,
+    MAX_NAME_LENGTH,
+    MAX_SPEC_BYTES,
+    NAME_PATTERN,
+    ApiModel,
+    size_error,
+)
 from rlhfjob.api.training import RLHFJobSpec
 
 
@@ -260,3 +269,15 @@ class RLHFJob(ApiModel):
     metadata: ObjectMeta
     spec: RLHFJobSpec
     status: RLHFJobStatus | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_spec(cls, data: Any) -> Any:
+        """A spec above `MAX_SPEC_BYTES` is refused before any of it is validated: the cost of
+        validating (and of everything the operator does with a job) grows with its size."""
+        spec = data.get("spec") if isinstance(data, dict) else None
+        if spec is not None and (
+            error := size_error("spec", spec, MAX_SPEC_BYTES, "large env values or randomInit")
+        ):
+            raise error
+        return data

@@ -47,7 +47,8 @@ class ModelSpec(ApiModel):
     policy: str | None = Field(default=None, min_length=1)
     """Policy weights: a path in the image or on the checkpoint volume, or a model URI."""
     random_init: RandomInitConfig | None = None
-    """A Hugging Face model config; the policy starts from random weights (smoke tests)."""
+    """A Hugging Face model config; the policy starts from random weights (smoke tests). At most
+    64 KiB as JSON (refused by `rlhfjob validate` and the operator)."""
     reference: str | None = Field(default=None, min_length=1)
     """Reference weights; defaults to the policy's initial weights."""
     reward: str | None = Field(default=None, min_length=1)
@@ -164,12 +165,12 @@ class RemoteRewardSpec(ApiModel):
     model: str | None = Field(default=None, min_length=1, max_length=512)
     """The model name sent with `classify` requests (a server serving one model ignores it)."""
     timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
-    """Seconds one request may take."""
+    """Seconds one request may take; at most an hour (3600)."""
     max_retries: int = Field(default=3, ge=0, le=100)
     """Retries of a request that timed out, could not connect or got a 5xx or 429; the step
     fails (retryably) once they are spent. A 4xx other than 429 fails the job at once."""
     backoff_seconds: float = Field(default=1.0, ge=0, le=600)
-    """Seconds before the first retry; doubles with each retry."""
+    """Seconds before the first retry; doubles with each retry. At most 10 minutes (600)."""
     max_concurrency: int = Field(default=4, ge=1, le=256)
     """Requests in flight at once."""
     batch_size: int = Field(default=64, ge=1, le=65536)
@@ -335,9 +336,9 @@ class CheckpointSpec(ApiModel):
     rank's state. Off: each checkpoint is written before training goes on."""
     stop_grace_period_seconds: int = Field(default=600, ge=0, le=86400)
     """Seconds a training driver gets to finish its step and checkpoint it when the job's
-    cluster is released while it trains (suspend, preemption): the operator asks it to stop,
-    waits up to this long for it to exit, then releases the cluster anyway. 0: release at
-    once; the job then resumes from its last interval checkpoint."""
+    cluster is released while it trains (suspend, preemption, a node drain): the operator asks
+    it to stop, waits up to this long for it to exit, then releases the cluster anyway. 0:
+    release at once, resuming from the last interval checkpoint. At most 86400 (a day)."""
     object_store: ObjectStoreSpec | None = None
     """An S3-compatible bucket checkpoints are also uploaded to, so they outlive the volume."""
 
@@ -370,17 +371,17 @@ class RecoverySpec(ApiModel):
 
     max_restarts: int = Field(default=3, ge=0, le=1000)
     """Restarts before the job is Failed (RestartsExhausted)."""
-    backoff_seconds: int = Field(default=10, ge=0)
-    """Seconds before restarting a trainer that failed before it trained a step (a start that
-    fails); doubles with each such failure in a row, up to maxBackoffSeconds. A trainer that
-    had trained and then failed (a killed driver, a lost node) restarts at once."""
-    max_backoff_seconds: int = Field(default=300, ge=0)
-    """Seconds at which the doubling restart delay stops growing."""
+    backoff_seconds: int = Field(default=10, ge=0, le=3600)
+    """Seconds (at most 3600) before restarting a trainer that failed before it trained a step
+    (a start that fails); doubles with each such failure in a row, up to maxBackoffSeconds. A
+    trainer that had trained and then failed (a killed driver, a lost node) restarts at once."""
+    max_backoff_seconds: int = Field(default=300, ge=0, le=86400)
+    """Seconds at which the doubling restart delay stops growing; at most a day (86400)."""
     restart_strategy: Literal["InPlaceFirst", "RecreateCluster"] = "InPlaceFirst"
     """InPlaceFirst climbs the ladder cheapest first; RecreateCluster always starts over."""
-    cluster_recovery_timeout_seconds: int = Field(default=600, ge=1)
+    cluster_recovery_timeout_seconds: int = Field(default=600, ge=1, le=86400)
     """Seconds an unhealthy RayCluster (its head not ready, its dashboard silent) may take to
-    heal before it is recreated."""
+    heal before it is recreated; at most a day (86400)."""
 
     cel_rules = (
         CelRule(
@@ -394,14 +395,16 @@ class RecoverySpec(ApiModel):
 class LivenessSpec(ApiModel):
     """How the operator tells a hung or stalled trainer from a slow one."""
 
-    heartbeat_interval_seconds: int = Field(default=10, ge=1)
-    """Seconds between the trainer's renewals of its heartbeat Lease."""
-    heartbeat_timeout_seconds: int = Field(default=60, ge=1)
+    heartbeat_interval_seconds: int = Field(default=10, ge=1, le=600)
+    """Seconds between the trainer's renewals of its heartbeat Lease (it hears a stop request
+    at the next one); at most 10 minutes (600)."""
+    heartbeat_timeout_seconds: int = Field(default=60, ge=1, le=3600)
     """Seconds without a heartbeat after which the trainer is hung (TrainerHung); also the
-    Lease's duration."""
-    progress_timeout_seconds: int = Field(default=1800, ge=1)
+    Lease's duration, and how long a drain waits for the trainer to acknowledge its stop
+    request. At most an hour (3600)."""
+    progress_timeout_seconds: int = Field(default=1800, ge=1, le=86400)
     """Seconds of heartbeats without a new step after which the trainer is stalled
-    (TrainerStalled)."""
+    (TrainerStalled); at most a day (86400)."""
 
     cel_rules = (
         CelRule(
@@ -470,7 +473,8 @@ def _mounts_avoid_the_checkpoint(mounts: str) -> CelRule:
 
 
 class RLHFJobSpec(ApiModel):
-    """What to train, where, and how to keep it alive."""
+    """What to train, where, and how to keep it alive. At most 128 KiB as JSON: a larger spec is
+    refused (by `rlhfjob validate` and the operator; the API server cannot measure one)."""
 
     image: str = Field(min_length=1, max_length=4096, pattern=IMAGE_PATTERN)
     """Container image with the trainer (Ray, DeepSpeed, vLLM):
@@ -507,15 +511,15 @@ class RLHFJobSpec(ApiModel):
     minor release than its own Ray (Failed at once, non-retryable)."""
     suspend: bool = False
     """Stop training and release the cluster; checkpoints stay. Unset to resume."""
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    active_deadline_seconds: int | None = Field(default=None, ge=1, le=31536000)
     """Seconds the job may run from its start (status.startTime) before it fails
-    (DeadlineExceeded); unset: no deadline."""
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    (DeadlineExceeded); unset: no deadline. At most a year (31536000)."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=31536000)
     """Seconds after it finished (status.completionTime) at which the RLHFJob is deleted, with
-    what it owns (checkpoints stay); unset: it stays."""
-    provisioning_timeout_seconds: int = Field(default=600, ge=1)
+    what it owns (checkpoints stay); unset: it stays. At most a year (31536000)."""
+    provisioning_timeout_seconds: int = Field(default=600, ge=1, le=604800)
     """Seconds the RayCluster may take to become ready after it was created before the job
-    fails (ProvisioningTimeout)."""
+    fails (ProvisioningTimeout); at most a week (604800)."""
 
     cel_rules = (
         CelRule(

@@ -13,9 +13,10 @@ import pytest
 from rlhf_local.build import cached_tool
 from rlhf_local.operator_process import OPERATOR_NAMESPACE, chart_manifests
 from rlhf_operator import admission
-from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, JobPolicy
+from rlhf_operator.policy import DEFAULT_VOLUME_TYPES, UNQUEUED, JobPolicy
 from rlhfjob.api import POD_PLACES
 from rlhfjob.config import parse_job
+from rlhfjob.contract.kueue import LABEL_QUEUE_NAME
 from rlhfjob.patches import merge_patch
 from rlhfjob.valid_cases import valid_job
 
@@ -39,6 +40,7 @@ TOKEN_CSI = {
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
 CONTROL_PLANE_TOLERATION = {"key": CONTROL_PLANE, "operator": "Exists", "effect": "NoSchedule"}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+IMAGE_VOLUME = {"name": "weights", "image": {"reference": "docker.io/attacker/weights:1"}}
 
 
 def token_env(name: str) -> dict[str, Any]:
@@ -137,6 +139,33 @@ JOBS: dict[str, dict[str, Any]] = {
         {"volumes": [{"name": "c", "csi": {"driver": "ebs.csi.aws.com"}}]}
     ),
 }
+QUEUE = {"labels": {LABEL_QUEUE_NAME: "team-a"}}
+SUPPLY_JOBS: dict[str, dict[str, Any]] = {
+    # Images: the job's and image volumes' registries.
+    "image-other-registry": {"spec": {"image": "docker.io/attacker/trainer:1"}},
+    "image-lookalike-registry": {"spec": {"image": "example.com.attacker.io/trainer:1"}},
+    "image-listed-path": {"spec": {"image": "registry.example.com/team/trainer:2"}},
+    "image-sibling-path": {"spec": {"image": "registry.example.com/team-b/trainer:2"}},
+    "image-listed-digest": {
+        "spec": {"image": "registry.example.com/team/trainer@sha256:" + "a" * 64}
+    },
+    "pods-image-volume": {"spec": PLACES["pods"]({"volumes": [IMAGE_VOLUME]})},
+    "checkpoint-image-volume": {
+        "spec": {"checkpoint": {"volume": {"image": {"reference": "example.com/weights:1"}}}}
+    },
+    # Extended resources: extraResources, and a role's GPUs.
+    "trainer-fpga": {"spec": PLACES["trainer"]({"extraResources": {"example.com/fpga": 1}})},
+    "head-rdma": {"spec": PLACES["head"]({"extraResources": {"rdma/ib": 1}})},
+    "pods-ephemeral-storage": {
+        "spec": PLACES["pods"]({"extraResources": {"ephemeral-storage": 1}})
+    },
+    "trainer-gpus": {"spec": {"roles": {"trainer": {"gpus": 1}}}},
+    # Kueue's queue label.
+    "queued": {"metadata": QUEUE},
+    "queued-empty": {"metadata": {"labels": {LABEL_QUEUE_NAME: ""}}},
+}
+"""Jobs about the installation's lists (images, extended resources) and Kueue: patches of the
+whole job, tried under "default" and the installations that set those lists."""
 INSTALLATIONS = {
     "default": ((), JobPolicy()),
     "no-secrets": (
@@ -169,7 +198,35 @@ INSTALLATIONS = {
             allowed_csi_drivers=("ebs.csi.aws.com",),
         ),
     ),
+    "kueue": (("kueue.enabled=true",), JobPolicy(kueue=True)),
+    "supply": (
+        (
+            "jobPolicy.allowedImageRegistries={registry.example.com/team,example.com}",
+            "jobPolicy.allowedExtendedResources={rdma/ib}",
+            "jobPolicy.allowedVolumeTypes={persistentVolumeClaim,image}",
+        ),
+        JobPolicy(
+            allowed_image_registries=("registry.example.com/team", "example.com"),
+            allowed_extended_resources=("rdma/ib",),
+            allowed_volume_types=("persistentVolumeClaim", "image"),
+        ),
+    ),
 }
+SUPPLY_INSTALLATIONS = ("default", "kueue", "supply")
+"""Where `SUPPLY_JOBS` are tried; the last two only with them (and the valid job). Kueue on but
+optional is Kueue off to the unlabelled jobs ("default"); `tests/test_chart.py` holds the
+variable the chart renders for it."""
+
+
+def job_policy(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chart's job policy (the chart's other admission policy bounds the operator)."""
+    (policy,) = [
+        m
+        for m in manifests
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"].endswith("-job-policy")
+    ]
+    return policy
 
 
 def rule_field(message: str) -> str:
@@ -181,33 +238,38 @@ def rule_field(message: str) -> str:
 
 
 def document(name: str, namespace: str) -> dict[str, Any]:
-    job = merge_patch(valid_job(), {"spec": JOBS[name]})
+    patch = SUPPLY_JOBS[name] if name in SUPPLY_JOBS else {"spec": JOBS[name]}
+    job = merge_patch(valid_job(), patch)
     job["metadata"]["namespace"] = namespace
     return job
+
+
+def jobs_under(installation: str) -> list[str]:
+    """The jobs of the corpus tried under `installation`."""
+    if installation not in SUPPLY_INSTALLATIONS[1:]:
+        return sorted(JOBS) + (sorted(SUPPLY_JOBS) if installation == "default" else [])
+    return ["valid", *sorted(SUPPLY_JOBS)]
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, dict[str, Any]]:
     policies = {}
     for name, (values, _) in INSTALLATIONS.items():
-        (policy,) = [
-            m for m in chart_manifests(*values) if m["kind"] == "ValidatingAdmissionPolicy"
-        ]
-        policies[name] = policy["spec"]
+        policies[name] = job_policy(chart_manifests(*values))["spec"]
     return policies
 
 
 CASES = [
-    (job, namespace)
-    for job in sorted(JOBS)
+    (installation, job, namespace)
+    for installation in sorted(INSTALLATIONS)
+    for job in jobs_under(installation)
     for namespace in ("team", *((OPERATOR_NAMESPACE,) if job.startswith("account") else ()))
 ]
 """Every job in a team's namespace; the ServiceAccount ones in the operator's as well."""
 
 
 @needs_helm
-@pytest.mark.parametrize("installation", sorted(INSTALLATIONS))
-@pytest.mark.parametrize(("job", "namespace"), CASES)
+@pytest.mark.parametrize(("installation", "job", "namespace"), CASES)
 def test_the_admission_policy_refuses_what_the_operator_refuses(
     rendered: dict[str, dict[str, Any]], installation: str, job: str, namespace: str
 ) -> None:
@@ -228,7 +290,9 @@ def test_the_admission_policy_refuses_what_the_operator_refuses(
 def test_the_corpus_has_refused_and_admitted_jobs_under_every_installation() -> None:
     """Else the agreement above would be about nothing."""
     for name, (_, policy) in INSTALLATIONS.items():
-        verdicts = [bool(policy.problems(parse_job(document(job, "team")))) for job in JOBS]
+        verdicts = [
+            bool(policy.problems(parse_job(document(job, "team")))) for job in jobs_under(name)
+        ]
         assert any(verdicts) and not all(verdicts), name
 
 
@@ -257,16 +321,35 @@ def test_messages_name_the_field_and_what_is_allowed(rendered: dict[str, dict[st
 
 
 @needs_helm
+def test_images_and_queues_are_refused_naming_the_field_and_what_is_allowed(
+    rendered: dict[str, dict[str, Any]],
+) -> None:
+    job = document("image-other-registry", "team")
+    (image,) = admission.evaluate(rendered["supply"], job, namespace="team")
+    assert image == (
+        "spec.image: image docker.io/attacker/trainer:1 is not from a registry the installation "
+        "allows (allowed: registry.example.com/team, example.com; the chart's "
+        "jobPolicy.allowedImageRegistries)"
+    )
+    (queue,) = admission.evaluate(rendered["kueue"], document("valid", "team"), namespace="team")
+    assert queue == f"metadata.labels[{LABEL_QUEUE_NAME}]: {UNQUEUED}"
+    # A job created before Kueue was required is still relabelled, finalized and deleted.
+    old = document("valid", "team")
+    annotated = merge_patch(old, {"metadata": {"annotations": {"note": "x"}}})
+    assert admission.evaluate(rendered["kueue"], annotated, namespace="team", old=old) == []
+
+
+@needs_helm
 def test_the_admission_policy_covers_every_place_of_pod_overrides() -> None:
     """CEL cannot walk the roles, so the policy lists the places: every one the API has."""
     manifests = chart_manifests("jobPolicy.allowedVolumeTypes={persistentVolumeClaim}")
-    (policy,) = [m for m in manifests if m["kind"] == "ValidatingAdmissionPolicy"]
+    policy = job_policy(manifests)
     messages = [validation["message"] for validation in policy["spec"]["validations"]]
     for place in ("pods", *(f"{place}.pod" for place in POD_PLACES)):
         assert any(m.startswith(f"spec.{place}.volumes: volume type") for m in messages), place
         assert any(m.startswith(f"spec.{place}: Secrets may not") for m in messages), place
     defaults = chart_manifests()
-    (policy,) = [m for m in defaults if m["kind"] == "ValidatingAdmissionPolicy"]
+    policy = job_policy(defaults)
     assert not any("Secrets may not" in v["message"] for v in policy["spec"]["validations"])
 
 

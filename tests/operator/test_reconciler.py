@@ -11,6 +11,7 @@ import asyncio
 import base64
 import itertools
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,6 +32,7 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from rlhf_operator import builder, names
+from rlhf_operator import reconciler as reconciler_module
 from rlhf_operator.kube import Kube
 from rlhf_operator.lifecycle import Event
 from rlhf_operator.metrics import OperatorMetrics
@@ -39,7 +41,7 @@ from rlhf_operator.parsers import claim, controller_of
 from rlhf_operator.policy import JobPolicy
 from rlhf_operator.ports import ApplyRefusedError, Dashboard, DashboardUnavailableError
 from rlhf_operator.ray_auth import RayAuth
-from rlhf_operator.reconciler import Reconciler
+from rlhf_operator.reconciler import ParseCache, Reconciler
 from rlhf_operator.views import NOT_OWNED, RayJobView
 from rlhfjob import contract
 from rlhfjob.config import parse_job
@@ -86,6 +88,8 @@ class FakeKube:
         """(kind, name) → every object applied or created (whose owner references count)."""
         self.secrets: dict[str, dict[str, Any]] = {}
         """Secrets by name, as created (the operator never reads one back)."""
+        self.services: dict[str, dict[str, Any] | None] = {}
+        """Services by name that a test put in place of KubeRay's head Service (None: none)."""
         self.created = 0
 
     def _call(self, method: str) -> None:
@@ -178,6 +182,24 @@ class FakeKube:
     async def cluster_pods(self, namespace: str, cluster: str) -> list[Any]:
         self._call("cluster_pods")
         return list(self.pods.get(cluster, []))
+
+    async def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """KubeRay's head Service of the RayCluster there is (it controls it), unless a test
+        put another in `services`."""
+        self._call("get_service")
+        if name in self.services:
+            return self.services[name]
+        cluster = self.clusters.get(name.removesuffix("-head-svc"))
+        if cluster is None:
+            return None
+        owner = {
+            "apiVersion": ray.RAY_API_VERSION,
+            "kind": ray.RAY_CLUSTER_KIND,
+            "name": cluster["metadata"]["name"],
+            "uid": cluster["metadata"]["uid"],
+            "controller": True,
+        }
+        return {"kind": "Service", "metadata": {"name": name, "ownerReferences": [owner]}}
 
     async def cluster_events(self, namespace: str, cluster: str) -> list[Any]:
         self._call("cluster_events")
@@ -370,6 +392,68 @@ def test_every_dashboard_call_carries_the_token_of_the_jobs_secret() -> None:
     assert token not in str(world.status) and all(token not in e.message for e in world.events)
 
 
+HEAD_SERVICE = f"{NAME}-head-svc"
+FOREIGN_SERVICES: dict[str, dict[str, Any] | None] = {
+    "another-controller": {
+        "kind": "Service",
+        "metadata": {
+            "name": HEAD_SERVICE,
+            "ownerReferences": [
+                {"kind": ray.RAY_CLUSTER_KIND, "name": NAME, "uid": "forged", "controller": True}
+            ],
+        },
+    },
+    "no-controller": {"kind": "Service", "metadata": {"name": HEAD_SERVICE}},
+    "missing": None,
+}
+
+
+@pytest.mark.parametrize("service", list(FOREIGN_SERVICES))
+@pytest.mark.attack(
+    "a Service named like the job's head Service that its RayCluster does not control (made "
+    "first by someone else) receives the job's Ray token and answers for the head",
+    "the head Service's controller is checked to be the job's RayCluster (by uid) before any "
+    "call carries the token (rlhf_operator.parsers.head_service_problem)",
+)
+def test_a_head_service_the_cluster_does_not_control_never_gets_the_token(service: str) -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.kube.services[HEAD_SERVICE] = FOREIGN_SERVICES[service]
+    world.reconcile(1)
+    assert world.reconciler.dashboard_asks == 0 and world.ray.tokens == set()
+    assert world.ray.submitted == []
+    condition = world.condition("DashboardReachable")
+    assert condition["status"] == "False"
+    assert "the job's token is not sent" in condition["message"]
+    # KubeRay's own Service (controlled by the cluster, by uid): asked, and the trainer starts.
+    del world.kube.services[HEAD_SERVICE]
+    world.reconcile(10)
+    assert world.ray.tokens == {RAY_AUTH.token(parse_job(world.kube.jobs[NAME]))}
+    assert [s["id"] for s in world.ray.submitted] == [FIRST_ATTEMPT]
+
+
+def test_an_operator_that_may_not_read_the_head_service_sends_no_token() -> None:
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.kube.failing["get_service"] = ApiException(status=403, reason="Forbidden")
+    world.reconcile(1)
+    assert world.ray.tokens == set()
+    assert "grant get on services" in world.condition("DashboardReachable")["message"]
+
+
+def test_a_head_service_replaced_under_a_running_job_is_asked_nothing_more() -> None:
+    world = World()
+    world.running()
+    asked = world.reconciler.dashboard_asks
+    world.kube.services[HEAD_SERVICE] = FOREIGN_SERVICES["another-controller"]
+    world.reconcile(3)
+    world.reconcile(4)
+    assert world.reconciler.dashboard_asks == asked
+    assert world.condition("DashboardReachable")["status"] == "False"
+
+
 def test_tokens_differ_by_job_and_by_key() -> None:
     job = parse_job(World().kube.jobs[NAME])
     other = job.model_copy(update={"metadata": job.metadata.model_copy(update={"uid": "other"})})
@@ -390,6 +474,10 @@ def test_tokens_differ_by_job_and_by_key() -> None:
                 }
             },
             "spec.roles.trainer.pod.volumes[0]",
+        ),
+        (  # nothing approved: a job may name no destination (rlhf_operator.policy_egress)
+            {"reward": {"type": "remote", "function": None, "remote": {"url": "http://x:80/"}}},
+            "spec.reward.remote.url: 'http://x:80/' is not an approved egress destination",
         ),
     ],
 )
@@ -1232,9 +1320,9 @@ def test_waiting_for_a_silent_dashboard_reads_only_the_job_and_its_raycluster() 
     world.reconcile(1)  # asked: silent
     # Nothing submitted, so no trainer: between asks neither pods nor the Lease can matter.
     assert _reads(world, 2, 3, 4) == {"get_job": 3, "get_ray_cluster": 3}
-    # When the ask is due, everything is read again.
+    # When the ask is due, everything is read again (the head Service first: whose it is).
     assert _reads(world, 6) == {"get_job": 1, "get_ray_cluster": 1, "cluster_pods": 1,
-                                "get_lease": 1}  # fmt: skip
+                                "get_lease": 1, "get_service": 1}  # fmt: skip
 
 
 def test_a_submitted_job_with_a_silent_dashboard_still_reads_its_pods_and_lease() -> None:
@@ -1243,7 +1331,7 @@ def test_a_submitted_job_with_a_silent_dashboard_still_reads_its_pods_and_lease(
     world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: timed out")
     world.reconcile(3)
     assert _reads(world, 4, 5) == {"get_job": 2, "get_ray_cluster": 2, "cluster_pods": 2,
-                                   "get_lease": 2}  # fmt: skip
+                                   "get_lease": 2, "get_service": 2}  # fmt: skip
     assert world.reconciler.dashboard_asks == 3  # at 1, 2 and 3 s; not at 4 or 5 s
 
 
@@ -1255,6 +1343,68 @@ def test_a_cluster_not_ready_yet_is_read_with_its_pods_and_warnings_not_the_leas
     del world.kube.clusters[NAME]  # none (yet, or any more): nothing else to read
     assert _reads(world, 2) == {"get_job": 1, "get_ray_cluster": 1}
     assert world.kube.calls["apply"] == 8
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+def _padded(kib: int) -> dict[str, Any]:
+    """A `spec.pods` patch of literal env values, `kib` KiB of them."""
+    return {"env": [{"name": f"PAD{i}", "value": "x" * 1024 * 16} for i in range(kib // 16)]}
+
+
+def test_jobs_are_parsed_off_the_event_loop_once_per_version_and_large_ones_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads: list[threading.Thread] = []
+    real = reconciler_module.parse_job
+
+    def parse(body: dict[str, Any], source: str = "<object>") -> Any:
+        threads.append(threading.current_thread())
+        return real(body, source)
+
+    monkeypatch.setattr(reconciler_module, "parse_job", parse)
+    small = World()
+    small.kube.jobs[NAME]["metadata"]["resourceVersion"] = "1"
+    small.reconcile(0)
+    small.reconcile(1)
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    big = World(pods=_padded(48))  # valid (under 128 KiB), but above what the cache keeps
+    big.kube.jobs[NAME]["metadata"]["resourceVersion"] = "1"
+    big.reconcile(0)
+    big.reconcile(1)
+    assert len(threads) == 3 and len(big.reconciler._parsed) == 0
+    assert big.status["phase"] == "Provisioning"
+
+
+def test_the_parse_cache_keeps_the_jobs_reconciled_last_within_its_bytes() -> None:
+    cache = ParseCache(max_bytes=100, max_entry_bytes=60)
+    job = parse_job(valid_job())
+    cache.put(("ns", "a"), ("u", "1"), job, 40)
+    cache.put(("ns", "b"), ("u", "1"), job, 40)
+    assert cache.get(("ns", "a"), ("u", "1")) is job  # now the one reconciled last
+    cache.put(("ns", "c"), ("u", "1"), job, 40)  # 120 bytes: b, reconciled longest ago, goes
+    assert cache.get(("ns", "b"), ("u", "1")) is None and cache.bytes == 80
+    cache.put(("ns", "d"), ("u", "1"), job, 61)  # above one entry's bound: not kept
+    assert cache.get(("ns", "d"), ("u", "1")) is None and len(cache) == 2
+    assert cache.get(("ns", "a"), ("u", "2")) is None  # another version: parsed again
+    cache.put(("ns", "a"), ("u", "2"), job, 10)  # replaces its earlier version
+    assert cache.bytes == 50 and len(cache) == 2
+
+
+@pytest.mark.attack(
+    "a spec of megabytes (env values, randomInit) stalls the cluster-wide operator for every "
+    "tenant and stays in its memory",
+    "the API models refuse a spec above 128 KiB as JSON (randomInit 64 KiB) before validating "
+    "the rest; the operator parses off its event loop into a cache bounded in bytes "
+    "(rlhfjob.api.base.size_error, rlhf_operator.reconciler.ParseCache)",
+)
+def test_a_spec_too_large_fails_naming_the_spec_before_any_cluster() -> None:
+    world = World(pods=_padded(160))
+    world.reconcile(0)
+    assert world.status["phase"] == "Failed" and world.kube.applied == []
+    assert "spec: takes" in world.status["message"]
+    assert "more than the 131072 allowed" in world.status["message"]
 
 
 # -- node drains --------------------------------------------------------------------------------
@@ -1343,6 +1493,68 @@ def test_a_silent_dashboard_never_ends_a_drain_before_the_trainer_saved_its_step
     drained = world.condition("Draining")
     assert (drained["status"], drained["reason"]) == ("False", "Drained")
     assert "after checkpointing step 7" in drained["message"]
+
+
+def _place_head(world: World, node: str) -> None:
+    """The head pod (made if the cluster has none yet) scheduled onto `node`."""
+    pods = world.kube.pods.setdefault(NAME, [])
+    if not any(p.metadata.labels[ray.LABEL_NODE_TYPE] == ray.NODE_HEAD for p in pods):
+        pods.append(_pod("head", ray.NODE_HEAD, "headgroup"))
+    for pod in pods:
+        if pod.metadata.labels[ray.LABEL_NODE_TYPE] == ray.NODE_HEAD:
+            pod.metadata.labels[names.LABEL_ROLE] = "head"
+            pod.spec = V1PodSpec(containers=[], node_name=node)
+
+
+def _moved_off(world: World, node: str) -> None:
+    assert f"RayCluster/{NAME}" in world.kube.deleted, "the cluster stays on the cordoned node"
+    assert world.status["phase"] == "Provisioning"
+    assert f"moving the job off {node}" in world.status["message"]
+    assert "NodeDrained" in world.reasons() and world.status.get("restartCount", 0) == 0
+
+
+def test_a_cordoned_node_is_seen_while_the_cluster_is_still_provisioning() -> None:
+    # Its head Ready on the node, a worker still pending: the budget holds the drain back,
+    # and no Ray job runs (none was submitted) for the old check to look at.
+    world = World()
+    world.reconcile(0)
+    _place_head(world, "cpu-0")
+    world.reconcile(1)
+    assert f"RayCluster/{NAME}" not in world.kube.deleted  # nothing cordoned yet
+    world.kube.cordoned = {"cpu-0"}
+    world.reconcile(10)
+    _moved_off(world, "cpu-0")
+
+
+@pytest.mark.attack(
+    "a job whose head never answers its dashboard holds a node drain for ever through its "
+    "PodDisruptionBudget",
+    "the operator looks for cordoned nodes under the head and trainer pods in every state of the "
+    "job and moves it off (rlhf_operator.observer.Observer._drained_nodes)",
+)
+def test_a_cordoned_node_is_seen_while_the_dashboard_is_silent_and_nothing_submitted() -> None:
+    # Between the asks of a silent dashboard the pods are not read; with a node cordoned they
+    # are, else a head whose dashboard never answers would hold the drain for ever.
+    world = World()
+    world.reconcile(0)
+    world.kube.make_cluster_ready()
+    world.ray.failing["status"] = DashboardUnavailableError("GET /api/jobs/x: refused")
+    world.reconcile(1)  # asked: silent
+    _place_head(world, "cpu-0")
+    world.kube.cordoned = {"cpu-0"}
+    world.reconcile(10)  # between asks (the next is due at 16 s)
+    _moved_off(world, "cpu-0")
+
+
+def test_a_driver_ray_reports_done_is_not_moved_off_a_cordoned_node() -> None:
+    """It ends instead (here it succeeded), and its cluster goes with the end."""
+    world = World()
+    world.running()
+    _place_head(world, "cpu-0")
+    world.ray.jobs[FIRST_ATTEMPT] = RayJobView(FIRST_ATTEMPT, "SUCCEEDED")
+    world.kube.cordoned = {"cpu-0"}
+    world.reconcile(10)
+    assert world.status["phase"] == "Succeeded" and "NodeDrained" not in world.reasons()
 
 
 # -- Kueue ------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_local.attacks import ATTACKS, Attack, attack_job
+from rlhf_local.attacks import ALLOWED_REGISTRY, ATTACKS, Attack, attack_job
 from rlhf_local.operator_process import OPERATOR_NAMESPACE
 from rlhf_operator.policy import JobPolicy
 from rlhfjob.config import InvalidJobError, parse_job
@@ -18,6 +18,9 @@ POLICY = JobPolicy(
     operator_service_account=ACCOUNT,
     # The operator's own account listed too: only the rule against it may refuse it.
     allowed_service_accounts=("rlhf-trainer", ACCOUNT),
+    # The installation attacked (`attacks.INSTALLATION`): Kueue on, one registry listed.
+    kueue=True,
+    allowed_image_registries=(ALLOWED_REGISTRY,),
 )
 LAYERS = {
     "policy": "the operator's job policy check, at every reconcile (rlhf_operator.policy)",

@@ -469,7 +469,8 @@ def test_server_messages() -> None:
     assert server_message(b'{"detail": "bad input"}') == "bad input"
     assert server_message(b'{"object": "error", "message": "no model"}') == "no model"
     assert server_message(b'{"detail": [{"loc": ["body"]}]}') == '[{"loc": ["body"]}]'
-    assert server_message(b"x" * 1000) == "x" * 300 + "..."
+    assert server_message(b"x" * 1000) == "x" * 197 + "..."  # a snippet: 200 characters
+    assert server_message(b'{"detail": "no\\u001b[2J token=abc123"}') == "no [2J token=<redacted>"
     assert server_message(b"") == "(empty body)"
 
 

@@ -125,22 +125,22 @@ def leave_suspension(b: PlanBuilder) -> None:
 
 
 def move_off_drained_nodes(b: PlanBuilder) -> None:
-    """A trainer pod's node is being drained (its PodDisruptionBudget holds the eviction
-    back): the trainer checkpoints its step, then the cluster goes, and a new one (off the
-    cordoned node) resumes from that checkpoint. Not a failure: no restart is counted."""
+    """The head's or a trainer pod's node is being drained (its PodDisruptionBudget holds the
+    eviction back), in whatever state the job is: a trainer checkpoints its step, then the
+    cluster goes, and a new one (off the cordoned node) resumes from that checkpoint. Not a
+    failure: no restart is counted."""
     nodes = ", ".join(b.seen.drained_nodes) or "a trainer's node"
     if drain(b, f"{nodes} is being drained", DrainCause.NODE_DRAIN):
         return
+    moving = f"moving the job off {nodes} (being drained); it resumes from its checkpoint"
     if b.seen.cluster and not b.seen.cluster.deleting:
         if b.seen.ray_job and b.seen.ray_job.active:
             b.act(StopRayJob(b.seen.ray_job.submission_id))
         b.act(DeleteCluster(f"moving off {nodes}"))
+        if b.status.phase == Phase.PROVISIONING:  # a cluster not ready yet: no phase change
+            b.event("Normal", EventReason.NODE_DRAINED, moving)
     b.status.submission_id = None  # the next cluster gets this attempt again
-    b.enter(
-        Phase.PROVISIONING,
-        f"moving the job off {nodes} (being drained); it resumes from its checkpoint",
-        reason=EventReason.NODE_DRAINED,
-    )
+    b.enter(Phase.PROVISIONING, moving, reason=EventReason.NODE_DRAINED)
     exited = b.seen.ray_job is not None and b.seen.ray_job.failed_retryably
     b.condition(
         TRAINER_RUNNING,

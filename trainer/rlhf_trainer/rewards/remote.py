@@ -23,9 +23,17 @@ Failures are sorted by whether a restart can fix them:
   (a :class:`~rlhf_trainer.rewards.functions.RewardFunctionError`) at once: the server says the
   requests are wrong, and sending them again after a restart would get the same answer.
 
-Error messages carry the server's own message and the URL without credentials or query, never the
-request bodies or headers (they may hold user data or secrets, and messages end up in logs,
-Events and the job's status).
+Error messages carry a snippet of the server's own message (``rlhfjob.untrusted.snippet``:
+printable ASCII, at most 200 characters, credentials masked) and the URL without credentials or
+query, never the request bodies or headers (they may hold user data or secrets, and messages end
+up in logs, Events and the job's status).
+
+The server is outside the trainer's trust (``rlhfjob.untrusted``): no redirect is followed (a 3xx
+is refused: the URL is wrong), only http and https are spoken, nothing is decompressed (an
+encoded answer is refused), at most ``REWARD_ANSWER_MAX_BYTES`` of an answer are read (a longer
+one is refused) and at most ``ERROR_BODY_MAX_BYTES`` of an error's, and the whole answer must
+have arrived within ``spec.timeout_seconds`` of the request (a trickle times out). The
+environment's proxy settings still apply.
 """
 
 from __future__ import annotations
@@ -46,6 +54,15 @@ from typing import Any
 
 from rlhf_trainer.rewards.functions import Decode, RewardFunctionError, checked_batch
 from rlhfjob.api import RemoteRewardSpec
+from rlhfjob.untrusted import (
+    ERROR_BODY_MAX_BYTES,
+    REWARD_ANSWER_MAX_BYTES,
+    SNIPPET_CHARS,
+    encoding_problem,
+    redirect_problem,
+    snippet,
+    too_long_declared,
+)
 
 MAX_RETRY_AFTER_SECONDS = 60.0
 """A server's ``Retry-After`` is honoured up to this; longer waits are its problem, not the
@@ -53,9 +70,28 @@ step's (the retries are spent sooner and the job restarts from its checkpoint)."
 MAX_BACKOFF_SECONDS = 60.0
 """The doubling backoff stops growing here (or at ``spec.backoff_seconds`` when that is larger),
 so many retries do not turn into hours of sleep."""
-MESSAGE_CHARS = 300
+MESSAGE_CHARS = SNIPPET_CHARS
 """How much of a server's error body or message is quoted."""
 RETRY_AFTER_STATUSES = (429, 503)
+READ_CHUNK_BYTES = 64 * 1024
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """HTTP and HTTPS only (no file:, ftp: or data:), the environment's proxy, and no redirect
+    handler: a 3xx comes back as an HTTPError and is refused, never followed."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (
+        urllib.request.ProxyHandler(),
+        urllib.request.HTTPHandler(),
+        urllib.request.HTTPSHandler(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        urllib.request.HTTPErrorProcessor(),
+    ):
+        opener.add_handler(handler)
+    return opener
+
+
+_OPENER = _opener()
 
 
 class RemoteRewardUnavailable(Exception):  # noqa: N818 (the name the driver and docs use)
@@ -131,10 +167,10 @@ def display_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def server_message(body: bytes) -> str:
+def server_message(body: bytes | bytearray) -> str:
     """What a server says in an error body: the ``error``/``message``/``detail`` field of a JSON
     object (the ``message`` inside an OpenAI-style ``error`` object), else the start of the
-    body; at most :data:`MESSAGE_CHARS` characters."""
+    body; a snippet of at most :data:`MESSAGE_CHARS` printable characters, secrets masked."""
     text = body.decode("utf-8", errors="replace")
     try:
         document = json.loads(text)
@@ -149,11 +185,11 @@ def server_message(body: bytes) -> str:
                 return _clip(value)
             if value:
                 return _clip(json.dumps(value))
-    return _clip(text.strip()) or "(empty body)"
+    return _clip(text) if text.strip() else "(empty body)"
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "..."
+    return snippet(text, limit=MESSAGE_CHARS)
 
 
 def jsonable(value: Any) -> Any:
@@ -357,43 +393,33 @@ class RemoteReward:
             return self._rewards(payload, count)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _attempt(self, body: bytes) -> bytes:
+    def _attempt(self, body: bytes) -> bytearray:
         """One POST; the body of a 2xx. Raises :class:`_TransientError` or
         :class:`RemoteRewardRejected`."""
         request = urllib.request.Request(
             self.spec.url,
             data=body,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                "Accept-Encoding": "identity",
+            },
             method="POST",
         )
         timeout = self.spec.timeout_seconds
+        deadline = time.monotonic() + timeout
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return bytes(response.read())
+            with _OPENER.open(request, timeout=timeout) as response:
+                return self._answer(response, deadline)
         except urllib.error.HTTPError as error:
-            status = error.code
-            try:
-                error_body = error.read()
-            except (OSError, http.client.HTTPException):
-                error_body = b""
-            finally:
-                error.close()
-            message = server_message(error_body)
-            if status >= 500 or status == 429:
-                retry_after = None
-                if status in RETRY_AFTER_STATUSES and error.headers is not None:
-                    retry_after = parse_retry_after(error.headers.get("Retry-After"))
-                raise _TransientError(f"HTTP {status}: {message}", retry_after) from None
-            raise RemoteRewardRejected(
-                self.name, self.url, f"HTTP {status}: {message}", status=status
-            ) from None
+            raise self._http_error(error, deadline) from None
         except urllib.error.URLError as error:
             reason = error.reason
             if isinstance(reason, TimeoutError):
                 raise _TransientError(f"timed out after {timeout:g} s") from None
             if isinstance(reason, OSError):
                 raise _TransientError(f"cannot connect: {_describe(reason)}") from None
-            raise _TransientError(f"cannot connect: {reason}") from None
+            raise _TransientError(f"cannot connect: {snippet(str(reason))}") from None
         except TimeoutError:
             raise _TransientError(f"timed out after {timeout:g} s") from None
         except (OSError, http.client.HTTPException) as error:
@@ -403,14 +429,57 @@ class RemoteReward:
                 self.name, self.url, f"invalid request: {type(error).__name__}"
             ) from None
 
-    def _rewards(self, payload: bytes, count: int) -> list[float]:
+    def _answer(self, response: Any, deadline: float) -> bytearray:
+        """A 2xx answer's body, refused when it is encoded or longer than
+        :data:`REWARD_ANSWER_MAX_BYTES` (neither is read)."""
+        problem = encoding_problem(response.headers.get("Content-Encoding"))
+        limit = REWARD_ANSWER_MAX_BYTES
+        if problem is None and too_long_declared(response.headers.get("Content-Length"), limit):
+            problem = f"the answer is longer than {limit} bytes"
+        if problem is not None:
+            raise RemoteRewardRejected(self.name, self.url, problem)
+        answer, whole = _read_bounded(response, limit, deadline, self.spec.timeout_seconds)
+        if not whole:
+            raise RemoteRewardRejected(
+                self.name, self.url, f"the answer is longer than {limit} bytes"
+            )
+        return answer
+
+    def _http_error(self, error: urllib.error.HTTPError, deadline: float) -> Exception:
+        """What a non-2xx answer means: a redirect or any 4xx but 429 is refused, a 5xx or 429
+        is worth a retry; the message is a snippet of at most the error body's start."""
+        status = error.code
+        try:
+            if (problem := redirect_problem(status)) is not None:
+                return RemoteRewardRejected(self.name, self.url, problem, status=status)
+            if error.headers is not None and encoding_problem(
+                error.headers.get("Content-Encoding")
+            ):
+                message = "(an encoded body, not read)"
+            else:
+                head, _ = _read_bounded(
+                    error, ERROR_BODY_MAX_BYTES, deadline, self.spec.timeout_seconds
+                )
+                message = server_message(head)
+        except (_TransientError, OSError, http.client.HTTPException):
+            message = "(the body could not be read)"
+        finally:
+            error.close()
+        if status >= 500 or status == 429:
+            retry_after = None
+            if status in RETRY_AFTER_STATUSES and error.headers is not None:
+                retry_after = parse_retry_after(error.headers.get("Retry-After"))
+            return _TransientError(f"HTTP {status}: {message}", retry_after)
+        return RemoteRewardRejected(self.name, self.url, f"HTTP {status}: {message}", status=status)
+
+    def _rewards(self, payload: bytes | bytearray, count: int) -> list[float]:
         """The rewards of a 2xx body, in sample order, or :class:`RemoteRewardRejected` naming
         what is wrong with it."""
         try:
             document = json.loads(payload)
         except ValueError:
             raise self._malformed(
-                f"the body is not JSON (starts {_clip(payload[:60].decode(errors='replace'))!r})"
+                f"the body is not JSON (starts {snippet(payload[:60], limit=60)!r})"
             ) from None
         if self.spec.protocol == "rlhfjob":
             return self._rlhfjob_rewards(document, count)
@@ -458,6 +527,25 @@ class RemoteReward:
 
     def _malformed(self, problem: str) -> RemoteRewardRejected:
         return RemoteRewardRejected(self.name, self.url, f"malformed answer: {problem}")
+
+
+def _read_bounded(
+    source: Any, limit: int, deadline: float, timeout: float
+) -> tuple[bytearray, bool]:
+    """The start of a body, at most ``limit`` bytes, and whether that is all of it. One read at
+    a time (each returns what has arrived), so a server that trickles its answer times out at
+    ``deadline`` instead of holding the request one byte per socket timeout; nothing is copied
+    (a refused answer costs the bound once)."""
+    read = getattr(source, "read1", None) or source.read
+    body = bytearray()
+    while chunk := read(min(READ_CHUNK_BYTES, limit + 1 - len(body))):
+        body += chunk
+        if len(body) > limit:
+            del body[limit:]
+            return body, False
+        if time.monotonic() > deadline:
+            raise _TransientError(f"timed out after {timeout:g} s (the answer was still arriving)")
+    return body, True
 
 
 def _describe(error: BaseException) -> str:
