@@ -69,7 +69,7 @@ class EvaluationSpec(ApiModel):
 
 
 class MlflowSpec(ApiModel):
-    """An MLflow tracking server the run logs to (a declared egress destination)."""
+    """An MLflow tracking server the run logs to (egress the installation must approve)."""
 
     tracking_uri: str = Field(max_length=2048, pattern=HTTP_URL_PATTERN)
     """The server's URL, for example `http://mlflow.mlflow.svc:5000`."""
@@ -88,7 +88,7 @@ class WandbSpec(ApiModel):
     entity: str | None = Field(default=None, min_length=1, max_length=128)
     """The team or user. Unset: the key's default entity."""
     base_url: str = Field(default="https://api.wandb.ai", max_length=2048, pattern=HTTP_URL_PATTERN)
-    """The W&B server (a declared egress destination when a key is given)."""
+    """The W&B server (egress the installation must approve, when a key is given)."""
     api_key_secret: ObjectName | None = None
     """A Secret in the job's namespace with WANDB_API_KEY, given to the head's container only.
     Unset: offline mode (files under `<checkpoint dir>/wandb`, to `wandb sync` later)."""

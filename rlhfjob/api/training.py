@@ -156,7 +156,7 @@ class RemoteRewardSpec(ApiModel):
 
     url: str = Field(pattern=HTTP_URL_PATTERN, max_length=2048)
     """The endpoint; requests are POSTed to this URL as is (for example
-    `http://rm.team.svc:8000/classify`)."""
+    `http://rm.team.svc:8000/classify`). The installation must approve it as egress."""
     protocol: Literal["rlhfjob", "classify"] = "rlhfjob"
     """`rlhfjob`: this project's JSON protocol (`{prompts, responses, metadata}` in, `{rewards}`
     out; docs/reward-protocol.md). `classify`: the classification API of vLLM and other
@@ -299,7 +299,7 @@ class ObjectStoreSpec(ApiModel):
     """Key prefix inside the bucket, ending in `/` (for example `team-a/`); empty: none."""
     endpoint: str | None = Field(default=None, max_length=2048, pattern=HTTP_URL_PATTERN)
     """The S3 API's URL (for example `https://s3.example.com`) for a store other than AWS;
-    unset: AWS's endpoint for the region. Buckets are addressed path-style at an endpoint."""
+    unset: AWS's for the region (path-style). Either must be approved egress of the installation."""
     region: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9-]+$")
     """The bucket's region (for example `us-east-1`); unset: the client's default."""
     credentials_secret: ObjectName | None = None
