@@ -27,6 +27,7 @@ import yaml
 
 from rlhf_local import procs
 from rlhf_local.harness import wait_for
+from rlhf_local.operator_process import TEMPLATE_API_SERVER
 from rlhf_local.paths import REPO_ROOT
 
 CHART = REPO_ROOT / "charts" / "rlhfjob"
@@ -68,7 +69,8 @@ def render_rules(helm: Path, alerts: dict[str, Any] | None = None) -> dict[str, 
         file.flush()
         rendered = subprocess.run(
             [str(helm), "template", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE,
-             "--show-only", "templates/prometheusrule.yaml", "-f", file.name],
+             "--show-only", "templates/prometheusrule.yaml", "-f", file.name,
+             "--set", TEMPLATE_API_SERVER],  # helm template derives no API server range
             check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
     rule = yaml.safe_load(rendered)
