@@ -7,6 +7,7 @@ with an injected failure, is what `rlhfjob demo` runs.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import urllib.error
 import urllib.request
@@ -136,8 +137,11 @@ def assert_locked_down(jobs: Jobs, name: str) -> None:
     # Stored as built: no block the API server accepted lets a pod reach the metadata address.
     rules = [*pods_policy.spec.egress, *head_policy.spec.egress]
     blocks = [peer.ip_block for rule in rules for peer in rule.to or [] if peer.ip_block]
+    metadata = ipaddress.ip_address("169.254.169.254")
     assert blocks and all(
-        "169.254.169.254/32" in (b._except or []) for b in blocks if ":" not in b.cidr
+        any(metadata in ipaddress.ip_network(e) for e in b._except or [])
+        for b in blocks
+        if metadata in ipaddress.ip_network(b.cidr)
     )
 
 
