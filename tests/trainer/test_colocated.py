@@ -46,3 +46,38 @@ def test_loads_reach_the_engine_exactly_with_the_collector_paused() -> None:
         assert rollout.engine.policy_version() == version
         assert report["bytes"] == sum(p.numel() * p.element_size() for p in trainer.parameters())
     assert collector_on_during_load and not any(collector_on_during_load)
+
+
+class RecordingPolicyGroup:
+    """Stand-in for the policy's `WorkerGroup` (its real ranks, on the CPU, never lose their
+    engines' weights: only vLLM's level-2 sleep does, and vLLM needs a GPU): records calls and
+    answers `rollout_holds_weights` as told."""
+
+    def __init__(self, ranks: int) -> None:
+        self.actors = [object()] * ranks
+        self.held = [True] * ranks
+        self.calls: list[tuple[str, tuple[object, ...]]] = []
+
+    def call(self, method: str, *args: object, timeout: float | None = None) -> list[object]:
+        self.calls.append((method, args))
+        if method == "rollout_holds_weights":
+            return list(self.held)
+        return [{"bytes": 8}] * len(self.actors)
+
+
+def test_maintain_reloads_every_rank_once_any_engine_lost_its_weights() -> None:
+    from rlhf_trainer.rollout.colocated import ColocatedRollout
+
+    group = RecordingPolicyGroup(2)
+    fleet = ColocatedRollout(group)
+    fleet.maintain()  # nothing synced yet: nothing to restore
+    assert group.calls == []
+    fleet.sync(3)
+    group.calls.clear()
+    fleet.maintain()
+    assert group.calls == [("rollout_holds_weights", ())]  # held: no load
+    group.held[1] = False  # a checkpoint's snapshot put rank 1's engine to sleep at level 2
+    group.calls.clear()
+    fleet.maintain()
+    # every rank loads (a ZeRO-3 gather is collective), the version last synced
+    assert group.calls == [("rollout_holds_weights", ()), ("update_rollout_engine", (3,))]

@@ -237,12 +237,19 @@ class FakeLLM:
         self, method: str, timeout: float | None = None, args: tuple[Any, ...] = ()
     ) -> list[Any]:
         self.calls.append(method)
-        if method != "rlhf_load_weights":  # vLLM sends RPC arguments as plain data
+        # vLLM sends RPC arguments as plain data (colocated: in-process, tensors as they are)
+        if method not in ("rlhf_load_weights", "rlhf_load_tensors"):
             args = tuple(json.loads(json.dumps(args)))
         return [getattr(self.worker, method)(*args)]
 
     def reset_prefix_cache(self) -> None:
         self.calls.append("reset_prefix_cache")
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.calls.append(f"wake_up {','.join(tags)}")
 
 
 @pytest.fixture
@@ -333,3 +340,31 @@ def test_vllm_engine_receives_a_sync_inside_its_worker(fake_vllm: None) -> None:
     engine.load_weights(weights[:1], version=4)  # the direct path, through the RPC
     assert engine.policy_version() == 4
     assert llm.calls[-2:] == ["rlhf_load_weights", "reset_prefix_cache"]
+
+
+def test_a_level_2_sleep_outside_an_update_blocks_generation_until_a_load(
+    fake_vllm: None,
+) -> None:
+    """A colocated engine put to sleep at level 2 for a checkpoint's snapshot frees its weights;
+    waking it for the next step once sampled a whole batch from uninitialised memory (reward 0,
+    KL in the thousands after every checkpoint of a GPU run). Now it refuses until loaded."""
+    engine = VLLMEngine(ModelSource(config=TINY_QWEN2), colocated=True)
+    sampling = SamplingParams(n=1, temperature=1.0, max_tokens=2)
+    engine.sleep(1)  # level 1 keeps the weights (in host memory)
+    engine.wake()
+    assert engine.holds_weights and engine.generate(PROMPTS, sampling)
+
+    engine.sleep(2)
+    assert not engine.holds_weights
+    engine.wake()
+    with pytest.raises(RuntimeError, match="level 2"):
+        engine.generate(PROMPTS, sampling)
+
+    engine.sleep(2)
+    weights = list(HFEngine(ModelSource(config=TINY_QWEN2, seed=8)).named_parameters().items())
+    engine.load_tensors(weights)
+    assert not engine.holds_weights  # not until the last bucket is in
+    engine.finish_load(5)
+    engine.wake()
+    assert engine.holds_weights and engine.policy_version() == 5
+    assert engine.generate(PROMPTS, sampling)

@@ -286,8 +286,8 @@ class ZeroWorker:
             self._write.result()
 
     def _before_snapshot(self) -> None:
-        """What a rank does before its state is read (the colocated policy takes its memory
-        back from the rollout engine)."""
+        """Before its state is read: the colocated policy takes its memory back (its engine
+        sleeps, and at level 2 loses its weights: `ColocatedRollout.maintain`)."""
 
     def _load_engine(self, engine: Any, directory: Path, step: int) -> None:
         """Load a role's state saved by any number of ranks, then this rank's RNG states: its
@@ -369,8 +369,7 @@ class PolicyWorker(ZeroWorker):
     def _before_snapshot(self) -> None:
         self._for_training()
 
-    # -- colocated rollout (see rlhf_trainer.rollout.colocated)
-    # ---------------------------------------
+    # -- colocated rollout (see rlhf_trainer.rollout.colocated) --------------------------------
 
     def _colocated(self) -> ColocatedEngine:
         if self.rollout is None:
@@ -390,11 +389,14 @@ class PolicyWorker(ZeroWorker):
         self._for_training()
         return rollout.load(self.engine.module, version)
 
+    def rollout_holds_weights(self) -> bool:
+        return self._colocated().holds_weights()  # else it needs a load before it generates
+
     def colocation_report(self) -> dict[str, Any]:
         """Time this rank spent handing memory between trainer and engine, by kind, and the
         peak GPU memory of each mode."""
-        rollout = self._colocated()
-        return {"seconds": dict(rollout.seconds), "peak_memory_bytes": dict(rollout.peak_memory)}
+        r = self._colocated()
+        return {"seconds": dict(r.seconds), "peak_memory_bytes": dict(r.peak_memory)}
 
     # -- training -----------------------------------------------------------------------------
 

@@ -144,6 +144,11 @@ class ColocatedEngine:
         assert isinstance(self.engine, VLLMEngine)
         self.engine.sleep(self.sleep_level)
 
+    def holds_weights(self) -> bool:
+        """False after the engine slept at level 2 outside an update (a checkpoint's
+        snapshot): it needs the weights loaded again before it generates."""
+        return not isinstance(self.engine, VLLMEngine) or self.engine.holds_weights
+
     def load(self, module: nn.Module, version: int) -> dict[str, Any]:
         """Load `module`'s parameters (every rank gathers) into the engine as `version`."""
         if isinstance(self.engine, VLLMEngine):  # memory back first (not part of the load)
@@ -240,6 +245,8 @@ class ColocatedRollout:
         call_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         self.policy = policy
+        self.version: int | None = None
+        """The version the engines were last given (`sync`)."""
         self.desired = self.minimum = len(policy.actors)
         self.on_change = on_change
         self.generate_timeout_s = generate_timeout_s
@@ -251,7 +258,14 @@ class ColocatedRollout:
             self.on_change(live, self.desired)
 
     def maintain(self) -> None:
-        """Nothing to re-admit: an engine is there as long as its rank is."""
+        """Nothing to re-admit (an engine is there as long as its rank is), but an engine
+        that slept at level 2 outside an update (for a checkpoint) lost its weights: every
+        rank loads them again (a ZeRO-3 gather is collective), before anything generates."""
+        if self.version is None:
+            return
+        held = self.policy.call("rollout_holds_weights", timeout=self.call_timeout_s)
+        if not all(held):
+            self.sync(self.version)
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams
@@ -273,6 +287,7 @@ class ColocatedRollout:
         """Every rank loads the new weights into its own engine."""
         started = time.perf_counter()
         results = self.policy.call("update_rollout_engine", version, timeout=self.call_timeout_s)
+        self.version = version
         return SyncResult(version, time.perf_counter() - started, int(results[0]["bytes"]))
 
     def shutdown(self) -> None:

@@ -91,6 +91,8 @@ class VLLMEngine:
         self.asleep: int | None = None
         """The sleep level the engine is at (None: awake)."""
         self._weights_awake = True
+        self._weights_released = False
+        """Level-2 sleep freed the weights and no load has filled them since."""
         self._reset_pending = False
 
     def policy_version(self) -> int:
@@ -103,6 +105,11 @@ class VLLMEngine:
 
         if not self._consistent:
             raise RuntimeError("the last weight load failed part-way; load weights again first")
+        if self._weights_released:
+            raise RuntimeError(
+                "the engine slept at level 2, which frees its weights, and none were loaded "
+                "since: it would sample from uninitialised memory; load weights first"
+            )
         if not prompts:
             return []
         if sampling.seed is not None:
@@ -154,6 +161,7 @@ class VLLMEngine:
         self._llm.reset_prefix_cache()  # cached KV blocks came from the old weights
         self._version = int(version)
         self._consistent = True
+        self._weights_released = False
 
     # ---- colocated: sleep, wake, load tensors in place ----------------------------------
 
@@ -164,6 +172,13 @@ class VLLMEngine:
             self._llm.sleep(level=level)
             self.asleep = level
             self._weights_awake = False
+            self._weights_released = self._weights_released or level == 2
+
+    @property
+    def holds_weights(self) -> bool:
+        """Whether waking up gives back weights to sample from (not after a level-2 sleep
+        that no load followed)."""
+        return not self._weights_released
 
     def wake_weights(self) -> None:
         """Bring back the weights' memory (level 2: uninitialised until loaded)."""
@@ -193,6 +208,7 @@ class VLLMEngine:
         self._llm.collective_rpc("rlhf_load_tensors", args=(list(weights),))
 
     def finish_load(self, version: int) -> None:
+        self._weights_released = False
         if self.asleep is None:
             self._llm.reset_prefix_cache()  # cached KV blocks came from the old weights
         else:
