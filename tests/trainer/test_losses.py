@@ -16,7 +16,12 @@ from rlhf_trainer.algo.experience import (
     StepScores,
     choose_groups,
 )
-from rlhf_trainer.algo.losses import BEHAVIOUR_WEIGHT_CAP, PolicyObjective
+from rlhf_trainer.algo.losses import (
+    BEHAVIOUR_WEIGHT_CAP,
+    REFERENCE_KL,
+    PolicyObjective,
+    old_logprobs_needed,
+)
 from rlhfjob.api import AlgorithmSpec
 
 ROWS, LENGTH = 10, 7
@@ -163,3 +168,44 @@ def test_the_new_estimators_give_advantages_for_the_update(name: str) -> None:
     elif name == "reinforce-plus-plus-baseline":  # ... before the batch whitening moves them
         equal = advantages[2:6][mask[2:6].bool()]
         assert torch.allclose(equal, equal[0])
+
+
+@pytest.mark.parametrize(
+    ("fields", "needed"),
+    [
+        ({}, False),  # GRPO, KL as a loss, one epoch, on-policy
+        ({"name": "ppo", "klMode": "loss"}, False),
+        ({"updateEpochs": 2}, True),  # the second pass trains a policy that has moved
+        ({"maxStaleness": 1}, True),  # the proximal policy is not the behaviour one
+        ({"klMode": "reward"}, True),  # the advantages read them
+        ({"klMode": "reward", "klCoef": 0.0}, False),
+    ],
+)
+def test_old_logprobs_are_computed_only_where_the_update_cannot_make_them(
+    fields: dict[str, object], needed: bool
+) -> None:
+    assert old_logprobs_needed(spec(**fields)) is needed
+
+
+@pytest.mark.parametrize("loss", ["ppo-clip", "gspo"])
+def test_without_old_logprobs_the_update_trains_as_if_the_pass_had_made_them(loss: str) -> None:
+    """One optimizer step on the policy's own samples: the old log-probs the skipped pass would
+    give are these log-probs; the loss, its gradient and the KL to the reference are the same."""
+    algorithm = spec(policyLoss=loss)
+    objective = PolicyObjective(algorithm)
+    mask, fields, logprobs = step_fields(3)
+    entropies = torch.rand(ROWS, LENGTH)
+    made = {k: v for k, v in fields.items() if k != "old_logprobs"}
+    given = made | {"old_logprobs": logprobs.detach().clone()}  # what the pass would compute
+    skipped, computed = (
+        objective(logprobs, entropies, made, mask),
+        objective(logprobs, entropies, given, mask),
+    )
+    torch.testing.assert_close(skipped.loss, computed.loss, rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(skipped.loss, logprobs)
+    (expected,) = torch.autograd.grad(computed.loss, logprobs)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=0)
+    assert float(skipped.terms["clip_fraction"]) == 0.0  # a ratio of exactly 1
+    kl = masked.masked_mean(alg.kl_estimate(logprobs.detach(), fields["ref_logprobs"], "k3"), mask)
+    torch.testing.assert_close(skipped.terms[REFERENCE_KL], kl)
+    assert REFERENCE_KL not in computed.terms  # the driver computes it from the pass

@@ -250,7 +250,8 @@ class StepScores:
 
     rewards: Tensor
     mask: Tensor
-    logprobs: Tensor
+    logprobs: Tensor | None
+    """None when no estimator reads them (`losses.old_logprobs_needed`)."""
     ref_logprobs: Tensor | None = None
     values: Tensor | None = None
 

@@ -48,6 +48,17 @@ def _gspo(
     return alg.gspo_surrogate(logprobs, old_logprobs, advantages, mask, low, high)
 
 
+def old_logprobs_needed(algorithm: AlgorithmSpec) -> bool:
+    """Whether a step computes the policy's log-probs before its update: a pass over the whole
+    batch, about a sixth of a GPU step. It is redundant when the batch gets exactly one optimizer
+    step (`updateEpochs` 1: every micro-batch accumulates into it) on samples of the current
+    policy (no `maxStaleness`) and the advantages do not use it (no KL in the reward): the old
+    policy is then the one being updated, so the update's own log-probs, detached, are the old
+    ones (a ratio of exactly 1, the same gradient)."""
+    kl_in_reward = algorithm.kl_mode == "reward" and algorithm.kl_coef > 0
+    return algorithm.update_epochs > 1 or algorithm.max_staleness > 0 or kl_in_reward
+
+
 BEHAVIOUR_WEIGHT_CAP = 5.0
 """Largest importance weight of a stale token (proximal over behaviour probability), as
 AReaL caps it: a token the engine sampled far below the proximal policy's odds would
@@ -62,6 +73,11 @@ def behaviour_weights(old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Te
         log_ratio = old_logprobs.float() - behaviour_logprobs.float()
         weights = torch.exp(log_ratio.clamp(max=math.log(BEHAVIOUR_WEIGHT_CAP)))
         return weights * mask.to(weights.dtype)
+
+
+REFERENCE_KL = "reference_kl"
+"""The term that carries the step's KL to the reference when the update made the old
+log-probs itself (the driver reports it as the step's ``kl``)."""
 
 
 @dataclass(frozen=True)
@@ -100,19 +116,24 @@ class PolicyObjective:
         self, logprobs: Tensor, entropies: Tensor, fields: Mapping[str, Tensor], mask: Tensor
     ) -> MicroBatchLoss:
         """The loss of one micro-batch from its log-probs and entropies (both with gradients)
-        and the batch fields (``old_logprobs``, ``advantages``, ``ref_logprobs``)."""
+        and the batch fields (``advantages``; ``old_logprobs`` unless `old_logprobs_needed`
+        says they are these log-probs; ``ref_logprobs``)."""
         algorithm = self.algorithm
-        policy = self.surrogate(
-            logprobs, fields["old_logprobs"], fields["advantages"], mask, algorithm
-        )
-        per_token = policy.per_token
         terms: dict[str, Tensor] = {}
+        old = fields.get("old_logprobs")
+        if old is None:  # on-policy, one optimizer step: the old policy is this one
+            old = logprobs.detach()
+            if "ref_logprobs" in fields:  # the step's KL to the reference, as the pass gave it
+                kl = alg.kl_estimate(old, fields["ref_logprobs"], "k3")
+                terms[REFERENCE_KL] = masked.masked_mean(kl, mask)
+        policy = self.surrogate(logprobs, old, fields["advantages"], mask, algorithm)
+        per_token = policy.per_token
         if "behaviour_logprobs" in fields:  # stale samples (`algorithm.maxStaleness`)
-            weights = behaviour_weights(fields["old_logprobs"], fields["behaviour_logprobs"], mask)
+            weights = behaviour_weights(old, fields["behaviour_logprobs"], mask)
             per_token = per_token * weights
             terms["behaviour_weight"] = masked.masked_mean(weights, mask)
             terms["behaviour_kl"] = masked.masked_mean(
-                alg.kl_estimate(fields["behaviour_logprobs"], fields["old_logprobs"], "k3"), mask
+                alg.kl_estimate(fields["behaviour_logprobs"], old, "k3"), mask
             )
         loss = self._aggregate(per_token, mask)
         terms |= {

@@ -132,9 +132,10 @@ class WorkerGroup:
 
 @dataclass
 class Scores:
-    """The ranks' view of a rollout: log-probs before the update, the reference's, values."""
+    """The ranks' view of a rollout: log-probs before the update (None: the update makes
+    them, `losses.old_logprobs_needed`), the reference's, values."""
 
-    old_logprobs: Tensor
+    old_logprobs: Tensor | None
     ref_logprobs: Tensor | None
     values: Tensor | None
 
@@ -154,11 +155,12 @@ class Groups:
     def of(cls, by_role: Mapping[str, WorkerGroup]) -> Groups:
         return cls(by_role["trainer"], by_role.get("reference"), by_role.get("critic"))
 
-    def score(self, batch: Batch, with_reference: bool) -> Scores:
-        """Old log-probs, reference log-probs (`with_reference`: the reference role's, else
-        the policy ranks hold the reference) and values, computed by the groups side by side."""
+    def score(self, batch: Batch, with_reference: bool, with_old: bool = True) -> Scores:
+        """Old log-probs (`with_old`), reference log-probs (`with_reference`: the reference
+        role's, else the policy ranks hold the reference) and values, computed by the groups
+        side by side."""
         batch_ref = ray.put(batch)
-        old = self.policy.submit("logprobs", batch_ref)
+        old = self.policy.submit("logprobs", batch_ref) if with_old else []
         reference: list[Any] = []
         if self.reference is not None:
             reference = self.reference.submit("reference_logprobs", batch_ref)
@@ -166,7 +168,7 @@ class Groups:
             reference = self.policy.submit("reference_logprobs", batch_ref)
         values = self.critic.submit("values", batch_ref) if self.critic is not None else []
         return Scores(
-            old_logprobs=self.policy.unshard(old),
+            old_logprobs=self.policy.unshard(old) if with_old else None,
             ref_logprobs=(self.reference or self.policy).unshard(reference) if reference else None,
             values=self.critic.unshard(values) if self.critic is not None else None,
         )

@@ -42,6 +42,7 @@ from rlhf_trainer.algo.experience import (
     on_response_columns,
 )
 from rlhf_trainer.algo.formulas import kl_estimate
+from rlhf_trainer.algo.losses import REFERENCE_KL, old_logprobs_needed
 from rlhf_trainer.data.prompts import DataPosition
 from rlhf_trainer.elastic import first_line
 from rlhf_trainer.masked import masked_mean
@@ -256,12 +257,18 @@ class Trainer:
         sampled = self.ahead.take(step, self.version)
         self.ahead.start(step + 1)  # generates while this step scores and updates
         batch = rollout_batch(sampled)
+        # Every sample from this policy, and the step's one update: the update's own log-probs
+        # are the old ones (`old_logprobs_needed`). A sample from another version computes them.
+        with_old = old_logprobs_needed(self.algorithm) or any(
+            version != self.version for version in sampled.rollout.policy_versions
+        )
         with self.phase(m.PHASE_REFERENCE):
-            scores = self.actors.groups.score(batch, self.has_reference)
+            scores = self.actors.groups.score(batch, self.has_reference, with_old)
         with self.phase(m.PHASE_ADVANTAGE):
             batch = batch.with_fields(**self._advantages(sampled.rewards, batch, scores))
         with self.phase(m.PHASE_UPDATE):
             policy_metrics, critic_metrics = self.actors.groups.update(batch)
+        kl = policy_metrics.pop(REFERENCE_KL, None)  # the update's, when it made the old ones
         self.version += 1
         try:
             if not self.ahead.after_update():  # it may have synced between segments
@@ -270,8 +277,8 @@ class Trainer:
             self.ahead.lose()
             self.capacity_lost = lost
         self.step = step
-        kl = None
-        if scores.ref_logprobs is not None:  # per-token KL(policy || reference) of the rollout
+        if scores.ref_logprobs is not None and scores.old_logprobs is not None:
+            # per-token KL(policy || reference) of the rollout
             per_token = kl_estimate(scores.old_logprobs, scores.ref_logprobs, "k3")
             kl = float(masked_mean(per_token, batch.action_mask))
         result = step_result(step, self.version - 1, sampled, kl, policy_metrics, critic_metrics)
@@ -285,7 +292,7 @@ class Trainer:
             rewards, batch.action_mask, scores.old_logprobs, scores.ref_logprobs, scores.values
         )
         estimated = ESTIMATORS[self.algorithm.name].estimate(step_scores, self.algorithm)
-        fields = {"old_logprobs": scores.old_logprobs}
+        fields = {} if scores.old_logprobs is None else {"old_logprobs": scores.old_logprobs}
         if scores.ref_logprobs is not None:
             fields["ref_logprobs"] = scores.ref_logprobs
         return fields | estimated
