@@ -37,7 +37,9 @@ def test_a_tier_records_its_time_exit_code_and_pytests_counts() -> None:
 
 def test_the_table_shows_every_tier_and_fails_when_one_did_or_did_not_run() -> None:
     run = tiers.Run(tiers.tiers([]))
-    assert [t.name for t in run.tiers] == ["setup", "tools", "lint", "unit", "build", "e2e"]
+    assert [t.name for t in run.tiers] == [
+        *("setup", "tools", "lint", "unit", "build", "images", "e2e")
+    ]
     for tier in run.tiers[:3]:
         tier.seconds, tier.exit_code = 60.0, 0
     run.tiers[3].seconds, run.tiers[3].exit_code = 120.0, 1
@@ -54,9 +56,9 @@ def test_the_table_shows_every_tier_and_fails_when_one_did_or_did_not_run() -> N
 def test_the_last_line_adds_up_every_pytest_tier() -> None:
     run = tiers.Run(tiers.tiers([]))
     run.tiers[3].summary = "1248 passed, 2 skipped"
-    run.tiers[5].summary = "2 failed, 56 passed, 1 error"
+    run.tiers[6].summary = "2 failed, 56 passed, 1 error"
     assert tiers.closing_line(run) == "tests: 1304 passed, 3 failed, 2 skipped"
-    run.tiers[5].summary = None
+    run.tiers[6].summary = None
     assert tiers.closing_line(run) == "tests: 1248 passed, 0 failed, 2 skipped"
 
 

@@ -4,8 +4,9 @@ Standard library only, run as ``python3 e2e/rlhf_local/tiers.py``: its first tie
 venv the others run in, so it cannot need that venv itself. The control-plane build starts in
 the background before lint (prefetch, then a cold compile at nice 19, on the CPU that lint and
 the unit tier leave idle) and the ``build`` tier is only what is left of it when the unit tier
-ends. The table also goes to ``.local/ci-tiers.json``, which `benchmarks/ci_time.py` collects
-from clean-clone runs::
+ends. The container images build beside it the same way (``rlhf_local.images --background``),
+and the ``images`` tier waits for them and smoke-checks each. The table also goes to
+``.local/ci-tiers.json``, which `benchmarks/ci_time.py` collects from clean-clone runs::
 
     python3 e2e/rlhf_local/tiers.py [-- PYTEST ARGS FOR THE UNIT TIER]
 """
@@ -29,6 +30,9 @@ SUMMARY = re.compile(r"^=+ (.*\d+ (?:passed|failed|error).*) in [\d.]+s")
 #: a Ray of several processes). On 2 cores this took the tier from 17.3 to 13.7 minutes: the
 #: quick tests run one process each, so one core idled through them.
 UNIT_WORKERS = ["--numprocesses=auto", "--maxprocesses=4"]
+#: What builds in the background, at nice 19, from the end of `tools` on: the control plane's
+#: binaries and the container images. Each has --background, --wait (its tier) and --stop.
+BACKGROUND_BUILDS = ("rlhf_local.build", "rlhf_local.images")
 
 
 @dataclass
@@ -59,6 +63,7 @@ def tiers(unit_args: list[str]) -> list[Tier]:
         Tier("lint", ["task", "lint"]),
         Tier("unit", [".venv/bin/pytest", "tests", *UNIT_WORKERS, "--durations=15", *unit_args]),
         Tier("build", [PY, "-m", "rlhf_local.build", "--wait"]),
+        Tier("images", [PY, "-m", "rlhf_local.images", "--wait"]),
         Tier("e2e", ["task", "e2e"]),
     ]
 
@@ -123,10 +128,12 @@ def main(argv: list[str]) -> int:
             run_tier(tier)
             if tier.exit_code != 0:
                 break
-            if tier.name == "tools":  # the build overlaps lint and the unit tier
-                subprocess.run([PY, "-m", "rlhf_local.build", "--background"], cwd=REPO, check=True)
+            if tier.name == "tools":  # the builds overlap lint and the unit tier
+                for builder in BACKGROUND_BUILDS:
+                    subprocess.run([PY, "-m", builder, "--background"], cwd=REPO, check=True)
     finally:
-        subprocess.run([PY, "-m", "rlhf_local.build", "--stop"], cwd=REPO, check=False)
+        for builder in BACKGROUND_BUILDS:
+            subprocess.run([PY, "-m", builder, "--stop"], cwd=REPO, check=False)
         save(run)
         print(f"\n[tiers] time per tier (also in {RESULT.relative_to(REPO)}):\n{table(run)}")
         print(closing_line(run), flush=True)
