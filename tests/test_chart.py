@@ -284,9 +284,15 @@ def test_operator_gets_its_identity_policy_and_ray_auth_key() -> None:
         "--allowed-service-account=reader",
         "--allowed-extended-resource=nvidia.com/gpu",
     ]
-    (mount,) = container["volumeMounts"]
-    assert mount == {"name": "ray-auth", "mountPath": RAY_AUTH_DIR, "readOnly": True}
-    (volume,) = pod["spec"]["volumes"]
+    # The key, read-only; and /tmp, the one writable path of its read-only root (the
+    # Kubernetes client's discovery cache: the operator image's e2e test caught its absence).
+    assert container["volumeMounts"] == [
+        {"name": "ray-auth", "mountPath": RAY_AUTH_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}
+    volume = volumes["ray-auth"]
     (secret,) = of_kind(manifests, "Secret")
     assert volume["secret"]["secretName"] == secret["metadata"]["name"] == "rlhfjob-ray-auth-key"
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -374,7 +380,8 @@ def test_values_schema_rejects_an_egress_destination_that_is_not_a_cidr(cidr: st
 def test_an_existing_ray_auth_secret_replaces_the_generated_one() -> None:
     manifests = chart_manifests("rayAuth.existingSecret=my-ray-key")
     assert not of_kind(manifests, "Secret")
-    (volume,) = chart_deployment(manifests)["spec"]["template"]["spec"]["volumes"]
+    volumes = chart_deployment(manifests)["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if "secret" in v]
     assert volume["secret"]["secretName"] == "my-ray-key"
 
 

@@ -18,9 +18,9 @@ A check's pass is remembered per image tag (``<store>/checks/``): a warm run che
 again. ``task test`` builds in the background during lint and the unit tier, at nice 19, and
 its ``images`` tier waits for that build and runs the checks::
 
-    python -m rlhf_local.images [--only NAME] [--base-image IMAGE] [--recheck]
-    python -m rlhf_local.images --background | --wait | --stop
-    python -m rlhf_local.images --measure --results benchmarks/results/images.json
+    python -m rlhf_local.image_checks [--only NAME] [--base-image IMAGE] [--recheck]
+    python -m rlhf_local.image_checks --background | --wait | --stop
+    python -m rlhf_local.image_checks --measure --results benchmarks/results/images.json
 
 ``--measure`` builds in a fresh, empty store (cold: no base, no layers; pip keeps no cache),
 then again (warm), checks each image and writes the figures; it leaves the usual store alone.
@@ -88,7 +88,10 @@ def operator_options() -> RunOptions:
 
     pod = operator_process.chart_deployment()["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    return RunOptions.from_kubernetes(pod["securityContext"], container.get("securityContext"))
+    options = RunOptions.from_kubernetes(pod["securityContext"], container.get("securityContext"))
+    empty_dirs = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+    mounts = container.get("volumeMounts", [])
+    return options.with_(tmpfs=tuple(m["mountPath"] for m in mounts if m["name"] in empty_dirs))
 
 
 def check_user(store: Store, ref: ImageRef) -> None:
@@ -255,7 +258,7 @@ def start_background(
     argv = [
         sys.executable,
         "-m",
-        "rlhf_local.images",
+        "rlhf_local.image_checks",
         "--build-only",
         "--status-file",
         str(rc_file),
@@ -395,7 +398,7 @@ def write_results(
     )
     document = {
         "benchmark": "images",
-        "command": f"python -m rlhf_local.images --measure --results {path}",
+        "command": f"python -m rlhf_local.image_checks --measure --results {path}",
         "machine": f"{os.cpu_count()} cores",
         "load_average_at_end": [round(load, 2) for load in os.getloadavg()],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -414,7 +417,7 @@ def write_results(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rlhf_local.images",
+        prog="python -m rlhf_local.image_checks",
         description="Build the operator and trainer images (buildah), check them (podman).",
     )
     parser.add_argument("--only", action="append", choices=sorted(images.SPECS), help="repeatable")
@@ -449,3 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as error:  # no root, no tools, a failed build: its own words suffice
         _log(f"FAILED: {error}")
         return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Build the project's container images without a daemon, cache them, and run them.
 
-`task images` (``python -m rlhf_local.images``, `rlhf_local.image_checks`) builds
+`task images` (``python -m rlhf_local.image_checks``) builds
 images/operator/Dockerfile and images/trainer/Dockerfile with buildah into an image store of
 the project's own (``<cache>/images``; ``RLHF_IMAGES_DIR`` moves it), and runs them with podman.
 Root only: the store is native overlay storage, with no rootless setup to depend on.
@@ -543,13 +543,3 @@ def stop(name: str, *, timeout: int = 10, store: Store | None = None) -> None:
     """Stop the container `name` (SIGTERM, then SIGKILL after `timeout` s); gone already is fine."""
     store = store or Store.default()
     store.podman("stop", f"--time={timeout}", "--ignore", name, check=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from rlhf_local import image_checks  # here: it imports this module
-
-    return image_checks.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 from kubernetes import client
@@ -152,8 +152,9 @@ def chart_policy_args(manifests: list[dict[str, Any]] | None = None) -> list[str
     return [arg for arg in container["args"] if arg.startswith(CHART_OPERATOR_FLAGS)]
 
 
-def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
-    """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token)."""
+def operator_token(lc: LocalCluster) -> tuple[str, str]:
+    """A bound token of the chart's ServiceAccount (its RBAC and operator policy applied
+    first) and that ServiceAccount's name."""
     lc.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
     manifests = chart_manifests(*OPERATOR_VALUES)
     service_account = chart_service_account(manifests)
@@ -167,8 +168,13 @@ def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
             spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=24 * 3600)
         ),
     )
-    assert minted.status is not None
-    token = minted.status.token
+    assert minted.status is not None and minted.status.token
+    return minted.status.token, service_account
+
+
+def operator_kubeconfig(lc: LocalCluster, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (a bound token)."""
+    token, service_account = operator_token(lc)
     admin = yaml.safe_load(lc.kubeconfig.read_text())
     admin_cluster = admin["clusters"][0]
     path.write_text(
@@ -290,29 +296,37 @@ class OperatorProcess:
 
     def command(self) -> list[str]:
         """`rlhfjob operator` with the flags the chart's Deployment passes (local ports)."""
+        return [sys.executable, "-m", "rlhfjob_cli", *self.operator_args(self.ray_auth_key_file)]
+
+    def operator_args(self, ray_auth_key_file: Path | str) -> list[str]:
+        """`rlhfjob`'s arguments: ``operator`` and its flags, the key file where it reads it."""
         return [
-            sys.executable, "-m", "rlhfjob_cli", "operator",
+            "operator",
             f"--metrics-port={self.metrics_port}",
             f"--health-port={self.health_port}",
             f"--readiness-port={self.readiness_port}",
             "--timer-interval=1",
             f"--operator-namespace={self.namespace}",
             f"--operator-service-account={self.service_account}",
-            f"--ray-auth-key-file={self.ray_auth_key_file}",
+            f"--ray-auth-key-file={ray_auth_key_file}",
             *self.policy_args,
             "--dev-dashboard-from-annotation",  # the stand-in Ray publishes it there
         ]  # fmt: skip
 
     def start(self) -> None:
         self._write_key()
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+            self.process = self.spawn(log)
         wait_for(self.healthy, 60, "the operator's liveness endpoint", details=self.log_tail)
         wait_for(self.ready, 60, "the operator's readiness endpoint", details=self.log_tail)
+
+    def spawn(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Start the operator, its output into `log`."""
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        return subprocess.Popen(
+            self.command(),
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
 
     def healthy(self) -> bool:
         if self.process is None or self.process.poll() is not None:

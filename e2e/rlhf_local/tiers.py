@@ -4,7 +4,7 @@ Standard library only, run as ``python3 e2e/rlhf_local/tiers.py``: its first tie
 venv the others run in, so it cannot need that venv itself. The control-plane build starts in
 the background before lint (prefetch, then a cold compile at nice 19, on the CPU that lint and
 the unit tier leave idle) and the ``build`` tier is only what is left of it when the unit tier
-ends. The container images build beside it the same way (``rlhf_local.images --background``),
+ends. The container images build beside it the same way (``rlhf_local.image_checks --background``),
 and the ``images`` tier waits for them and smoke-checks each. The table also goes to
 ``.local/ci-tiers.json``, which `benchmarks/ci_time.py` collects from clean-clone runs::
 
@@ -32,7 +32,7 @@ SUMMARY = re.compile(r"^=+ (.*\d+ (?:passed|failed|error).*) in [\d.]+s")
 UNIT_WORKERS = ["--numprocesses=auto", "--maxprocesses=4"]
 #: What builds in the background, at nice 19, from the end of `tools` on: the control plane's
 #: binaries and the container images. Each has --background, --wait (its tier) and --stop.
-BACKGROUND_BUILDS = ("rlhf_local.build", "rlhf_local.images")
+BACKGROUND_BUILDS = ("rlhf_local.build", "rlhf_local.image_checks")
 
 
 @dataclass
@@ -63,7 +63,7 @@ def tiers(unit_args: list[str]) -> list[Tier]:
         Tier("lint", ["task", "lint"]),
         Tier("unit", [".venv/bin/pytest", "tests", *UNIT_WORKERS, "--durations=15", *unit_args]),
         Tier("build", [PY, "-m", "rlhf_local.build", "--wait"]),
-        Tier("images", [PY, "-m", "rlhf_local.images", "--wait"]),
+        Tier("images", [PY, "-m", "rlhf_local.image_checks", "--wait"]),
         Tier("e2e", ["task", "e2e"]),
     ]
 

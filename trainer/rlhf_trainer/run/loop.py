@@ -67,7 +67,7 @@ from rlhf_trainer.run.steps import StepResult, progress_line, step_result
 from rlhf_trainer.state.bucket import TieredCheckpoints
 from rlhf_trainer.state.checkpoint import RngState, capture_rng_state, restore_rng_state
 from rlhfjob import contract
-from rlhfjob.api import RLHFJob
+from rlhfjob.api import AlgorithmSpec, RLHFJob
 
 STEP_LOG = "metrics.jsonl"
 REWARD_CURVE = "reward_curve.png"
@@ -84,6 +84,13 @@ class StepStart:
     data: DataPosition
     next_sampled: SampledStep | None
     rng: RngState
+
+
+def needs_old_logprobs(algorithm: AlgorithmSpec, sampled: SampledStep, version: int) -> bool:
+    """Whether the step computes the old log-probs: not when every sample is this policy's and
+    the update makes them (`old_logprobs_needed`); a sample of another version needs them."""
+    stale = any(v != version for v in sampled.rollout.policy_versions)
+    return stale or old_logprobs_needed(algorithm)
 
 
 def rollout_batch(sampled: SampledStep) -> Batch:
@@ -257,11 +264,7 @@ class Trainer:
         sampled = self.ahead.take(step, self.version)
         self.ahead.start(step + 1)  # generates while this step scores and updates
         batch = rollout_batch(sampled)
-        # Every sample from this policy, and the step's one update: the update's own log-probs
-        # are the old ones (`old_logprobs_needed`). A sample from another version computes them.
-        with_old = old_logprobs_needed(self.algorithm) or any(
-            version != self.version for version in sampled.rollout.policy_versions
-        )
+        with_old = needs_old_logprobs(self.algorithm, sampled, self.version)
         with self.phase(m.PHASE_REFERENCE):
             scores = self.actors.groups.score(batch, self.has_reference, with_old)
         with self.phase(m.PHASE_ADVANTAGE):
