@@ -3,12 +3,12 @@
     python benchmarks/security.py          # task bench:security (starts the local cluster)
 
 Runs the tests marked `attack(what, blocked_by)` (`-m attack`) among `TESTS` (the unit tier's
-`tests/security/` and marked unit tests; the e2e attacks on the admission policy, the CRD, the
-operator's ownership checks and its RBAC, against the real API server and operator) with the
-`rlhf_local.attack_report` plugin, then groups the outcomes by attack: an attack is blocked when
-every test that tries it passed, and `blocked_by` lists each layer that stopped it. The token
-auth attack (a running job's head) is tried by the e2e tier's training test, not here.
-Machine-readable on stdout too.
+`tests/security/`, `tests/sandbox/` and marked unit tests; the e2e attacks on the admission
+policy, the CRD, the operator's ownership checks and its RBAC, against the real API server and
+operator) with the `rlhf_local.attack_report` plugin, then groups the outcomes by attack: an
+attack is blocked when every test that tries it passed, and `blocked_by` lists each layer that
+stopped it. The token auth attack (a running job's head) is tried by the e2e tier's training
+test, not here. Machine-readable on stdout too.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "security.json"
 TESTS = [
     "tests/security",
+    "tests/sandbox",
     "tests/operator/test_network.py",
     "tests/operator/test_views.py",
     "tests/operator/test_reconciler.py",

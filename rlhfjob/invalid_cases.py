@@ -4,8 +4,8 @@ One table, run at every layer that sees a job: the pydantic models (`tests/test_
 generated CRD's schema and CEL rules (`tests/test_crd.py`) and the real API server (`e2e/`).
 Each case is a patch on a small valid job; `None` in a patch deletes that key. The table is
 long, so its parts live by topic in sibling modules (`invalid_algorithm_cases`,
-`invalid_role_cases`, `invalid_reward_cases`, `invalid_checkpoint_cases`, `invalid_pod_cases`);
-the job-wide cases are here.
+`invalid_role_cases`, `invalid_reward_cases`, `invalid_checkpoint_cases`, `invalid_pod_cases`,
+`invalid_environment_cases`); the job-wide cases are here.
 
 `MODEL_ONLY_CASES` are what only the models (and so `rlhfjob validate` and the operator) can
 refuse: the API server cannot see the part of the object they are about.
@@ -18,6 +18,7 @@ from rlhfjob.invalid_case import InvalidCase
 from rlhfjob.invalid_case import role_patch as _role
 from rlhfjob.invalid_case import spec_patch as _spec
 from rlhfjob.invalid_checkpoint_cases import CHECKPOINT_CASES
+from rlhfjob.invalid_environment_cases import ENVIRONMENT_CASES
 from rlhfjob.invalid_pod_cases import POD_OVERRIDE_CASES
 from rlhfjob.invalid_research_cases import RESEARCH_CASES
 from rlhfjob.invalid_reward_cases import REWARD_CASES
@@ -138,6 +139,7 @@ INVALID_CASES: list[InvalidCase] = [
     *REWARD_CASES,
     *CHECKPOINT_CASES,
     *POD_OVERRIDE_CASES,
+    *ENVIRONMENT_CASES,
 ]
 
 MODEL_ONLY_CASES: list[InvalidCase] = [

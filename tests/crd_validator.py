@@ -96,6 +96,8 @@ def validate(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
     if isinstance(value, list):
         if len(value) > schema.get("maxItems", len(value)):
             errors.append(f"{path}: Too many: must have at most {schema['maxItems']} items")
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{path}: Invalid value: must have at least {schema['minItems']} items")
         for index, item in enumerate(value):
             errors += validate(schema.get("items", {}), item, f"{path}[{index}]")
         errors += _duplicate_keys(schema, value, path)

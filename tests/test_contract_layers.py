@@ -83,12 +83,14 @@ SIZE_EXCEPTIONS: dict[str, str] = {}
 """`path:qualified name` of a justified exception, and the reason; none today."""
 TRAINER_LAYERS = [
     ["registry", "seeds", "topology", "elastic", "masked"],
+    ["sandbox"],
     ["modeling"],
     ["state"],
     ["data"],
     ["rewards"],
     ["rollout"],
     ["algo"],
+    ["environments"],
     ["ranks"],
     ["run"],
 ]

@@ -74,6 +74,12 @@ from rlhfjob.api.base import (
     RandomInitConfig,
     VolumeSource,
 )
+from rlhfjob.api.environment import (
+    BUILTIN_ENVIRONMENTS,
+    SANDBOX_TOKEN_ENV,
+    EnvironmentSpec,
+    SandboxSpec,
+)
 from rlhfjob.api.placement import (
     COLOCATED,
     ROLE_NAMES,
@@ -150,6 +156,7 @@ from rlhfjob.api.training import (
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "API_VERSION",
+    "BUILTIN_ENVIRONMENTS",
     "CHECKPOINT_VOLUME",
     "COLOCATED",
     "CONTEXT_WINDOW_KEYS",
@@ -202,6 +209,7 @@ __all__ = [
     "RESERVED_MOUNT_PATHS",
     "REWARD_FUNCTION_PATTERN",
     "ROLE_NAMES",
+    "SANDBOX_TOKEN_ENV",
     "SHM_PATH",
     "SHM_VOLUME",
     "SHORT_NAMES",
@@ -223,6 +231,7 @@ __all__ = [
     "EnvName",
     "EnvSource",
     "EnvVar",
+    "EnvironmentSpec",
     "EvaluationResult",
     "EvaluationSpec",
     "ExportRef",
@@ -265,6 +274,7 @@ __all__ = [
     "Roles",
     "RolloutPlacement",
     "RolloutRoleSpec",
+    "SandboxSpec",
     "Toleration",
     "TrackingSpec",
     "TrainerRoleSpec",

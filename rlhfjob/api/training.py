@@ -21,6 +21,7 @@ from rlhfjob.api.base import (
     RandomInitConfig,
     VolumeSource,
 )
+from rlhfjob.api.environment import EnvironmentSpec, environment_rules, lengths_fit_the_window
 from rlhfjob.api.placement import ROLE_NAMES, HeadSpec, Roles, RoleSpec
 from rlhfjob.api.pods import ObjectName, PodDefaults, PodOverrides, _free_mount_path
 from rlhfjob.api.research import EvaluationSpec, ExportSpec, TrackingSpec
@@ -424,6 +425,8 @@ _USES_REWARD_MODEL = (
     "(self.reward.type == 'model' || (has(self.reward.components)"
     " && self.reward.components.exists(c, c.type == 'model')))"
 )
+_FIXED = ("image", "pods", "model", "algorithm", "dataset", "reward", "checkpoint", "environment")
+"""The fields a job keeps from its creation."""
 _HAS_TOKENIZER = "(!has(self.model.randomInit) || has(self.model.tokenizer))"
 """Whether the job may have a tokenizer: a randomInit policy has one only when it is named (a
 policy directory may hold one; only the trainer can look)."""
@@ -449,17 +452,6 @@ def _mounts_name_a_volume(place: str) -> CelRule:
         "every volumeMount must name a volume of this pod or of spec.pods",
         f".{mounts}",
     )
-
-
-def _lengths_fit_the_window() -> str:
-    """A prompt and its response fit a `randomInit` policy's context window, where its config
-    sets one (the first of `CONTEXT_WINDOW_KEYS` it has); the driver checks the others."""
-    lengths = "self.algorithm.maxPromptLength + self.algorithm.maxResponseLength"
-    fits = "true"
-    for key in reversed(CONTEXT_WINDOW_KEYS):
-        window = f"self.model.randomInit.{key}"
-        fits = f"(has({window}) ? {lengths} <= {window} : {fits})"
-    return f"!has(self.model.randomInit) || {fits}"
 
 
 def _mounts_avoid_the_checkpoint(mounts: str) -> CelRule:
@@ -506,6 +498,8 @@ class RLHFJobSpec(ApiModel):
     evaluation: EvaluationSpec | None = None
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     export: ExportSpec = Field(default_factory=ExportSpec)
+    environment: EnvironmentSpec | None = None
+    """Agentic RL: multi-turn rollouts with tool calls. Unset: one response per sample."""
     ray_version: str = Field(default="2.60.0", pattern=r"^[0-9]+[.][0-9]+[.][0-9]+$")
     """The Ray version of the image (KubeRay's rayVersion). The driver refuses one of another
     minor release than its own Ray (Failed at once, non-retryable)."""
@@ -559,7 +553,7 @@ class RLHFJobSpec(ApiModel):
             ".algorithm.maxStaleness",
         ),
         CelRule(
-            _lengths_fit_the_window(),
+            lengths_fit_the_window("self.algorithm.maxResponseLength"),
             "algorithm.maxPromptLength + algorithm.maxResponseLength exceed the model's context "
             f"window (model.randomInit.{' or '.join(CONTEXT_WINDOW_KEYS)})",
             ".algorithm.maxResponseLength",
@@ -571,10 +565,8 @@ class RLHFJobSpec(ApiModel):
             "set model.tokenizer",
             ".algorithm.stopStrings",
         ),
-        *(
-            immutable(field)
-            for field in ("image", "pods", "model", "algorithm", "dataset", "reward", "checkpoint")
-        ),
+        *environment_rules(_HAS_TOKENIZER),
+        *(immutable(field) for field in _FIXED),
         *(_mounts_name_a_volume(place) for place in POD_PLACES),
         *(_mounts_avoid_the_checkpoint(mounts) for mounts in _MOUNT_LISTS),
     )

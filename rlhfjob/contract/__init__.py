@@ -7,7 +7,9 @@ message that crosses between them is a type here with its encoding next to it:
 * `lease.LeaseReport`: the trainer's progress in the heartbeat Lease's annotations;
 * `final_status.FinalStatus` and `ExitCode`: how the driver says why it stopped;
 * `reasons`: the operator's public words for restarts and failures;
-* `kuberay`: KubeRay's labels and the annotations read on a RayCluster.
+* `kuberay`: KubeRay's labels and the annotations read on a RayCluster;
+* `sandbox`: the job's sandbox pods' protocol (the trainer's tool calls) and their limits (the
+  flags the operator gives those pods).
 
 And where checkpoints go and what the Ray job runs, both sides' business.
 """

@@ -38,3 +38,9 @@ def segment_seed(seed: int, segment: int) -> int:
     """The seed of segment `segment` (1, 2, ...) of a partial rollout seeded with `seed`; the
     first segment keeps `seed` itself."""
     return mix("rlhf-segment", seed, segment)
+
+
+def turn_seed(seed: int, trajectory: int, turn: int) -> int:
+    """The seed of turn `turn` of trajectory `trajectory` of a multi-turn rollout seeded with
+    `seed`: a turn samples the same tokens whichever other trajectories share its engine call."""
+    return mix("rlhf-turn", seed, trajectory, turn)

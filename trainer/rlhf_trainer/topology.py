@@ -44,3 +44,12 @@ def minimum_engines(spec: RLHFJobSpec) -> int:
     if rollout.colocated:
         return desired_engines(spec)
     return rollout.effective_min_replicas * actor_slots(rollout)
+
+
+def response_budget(spec: RLHFJobSpec) -> int:
+    """The most tokens after a prompt: a response (`maxResponseLength`), or a multi-turn
+    trajectory, the model's turns and the environment's answers together
+    (`environment.maxTrajectoryTokens`)."""
+    if spec.environment is not None:
+        return spec.environment.max_trajectory_tokens
+    return spec.algorithm.max_response_length

@@ -98,10 +98,18 @@ class Batch:
             yield self.rows(start, start + size)
 
 
-def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> Batch:
-    """Pack ``prompt + response`` pairs into a right-padded batch with its action mask."""
+def build_batch(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    response_masks: Sequence[Sequence[int]] = (),
+) -> Batch:
+    """Pack ``prompt + response`` pairs into a right-padded batch with its action mask: every
+    response token, or (multi-turn trajectories) those `response_masks` marks 1, the model's
+    own, so that the environment's tokens inside a response are never trained on."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    if response_masks and len(response_masks) != len(responses):
+        raise ValueError(f"{len(response_masks)} response masks for {len(responses)} responses")
     if any(not prompt for prompt in prompts):
         raise ValueError("every prompt needs at least one token")
     length = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
@@ -113,7 +121,15 @@ def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[i
         input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         attention_mask[row, : len(tokens)] = 1
         # Column t scores token t + 1: the response occupies columns len(prompt) - 1 onwards.
-        action_mask[row, len(prompt) - 1 : len(tokens) - 1] = 1.0
+        if response_masks:
+            mask = response_masks[row]
+            if len(mask) != len(response):
+                raise ValueError(f"row {row}: {len(mask)} mask values, {len(response)} tokens")
+            action_mask[row, len(prompt) - 1 : len(tokens) - 1] = torch.tensor(
+                mask, dtype=torch.float32
+            )
+        else:
+            action_mask[row, len(prompt) - 1 : len(tokens) - 1] = 1.0
     return Batch(input_ids, attention_mask, action_mask)
 
 

@@ -37,13 +37,27 @@ class Rollout:
     logprobs: list[list[float]] = field(default_factory=list)
     """The engine's log-prob of each response token (the behaviour policy's), when asked for
     (`algorithm.maxStaleness`); empty otherwise."""
+    action_masks: list[list[int]] = field(default_factory=list)
+    """Multi-turn trajectories (`spec.environment`): 1 on each response token the model
+    generated, 0 on the environment's (tool results, the chat template's turn markers),
+    which are never trained on. Empty: every response token is the model's."""
 
     def __len__(self) -> int:
         return len(self.responses)
 
     @property
     def num_generated_tokens(self) -> int:
+        if self.action_masks:
+            return sum(sum(mask) for mask in self.action_masks)
         return sum(len(response) for response in self.responses)
+
+    def final_turns(self) -> list[list[int]]:
+        """Each row's last run of model tokens (a trajectory's last turn), what its reward
+        reads; the whole response where every token is the model's."""
+        if not self.action_masks:
+            return self.responses
+        pairs = zip(self.responses, self.action_masks, strict=True)
+        return [last_model_run(response, mask) for response, mask in pairs]
 
     def groups(self, indices: Sequence[int], group_size: int) -> Rollout:
         """The rows of the groups at `indices` (each `group_size` contiguous rows), in order."""
@@ -54,6 +68,7 @@ class Rollout:
             [self.metadata[r] for r in rows],
             [self.policy_versions[r] for r in rows],
             [self.logprobs[r] for r in rows] if self.logprobs else [],
+            [self.action_masks[r] for r in rows] if self.action_masks else [],
         )
 
     @staticmethod
@@ -65,7 +80,19 @@ class Rollout:
             [row for part in parts for row in part.metadata],
             [row for part in parts for row in part.policy_versions],
             [row for part in parts for row in part.logprobs],
+            [row for part in parts for row in part.action_masks],
         )
+
+
+def last_model_run(response: Sequence[int], mask: Sequence[int]) -> list[int]:
+    """The tokens of the last contiguous run of 1s in `mask` (none: an empty list)."""
+    end = len(mask)
+    while end > 0 and not mask[end - 1]:
+        end -= 1
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return list(response[start:end])
 
 
 def flatten_completions(
@@ -91,14 +118,14 @@ def flatten_completions(
 class SampledStep:
     """What a step trains on: its rollout and the rewards its advantages see, plus the reward
     function's scores of every response it sampled (dropped groups too), which the step
-    reports, and what dynamic sampling did (empty without it)."""
+    reports, and what dynamic sampling and the environment did (empty without them)."""
 
     rollout: Rollout
     rewards: Tensor
     task_rewards: Tensor
     reward_components: dict[str, float]
     """Each reward part's mean over every sampled response (rollouts are of equal size)."""
-    report: dict[str, int]
+    report: dict[str, float]
 
 
 def save_sampled(sampled: SampledStep, path: Path) -> None:
@@ -111,6 +138,7 @@ def save_sampled(sampled: SampledStep, path: Path) -> None:
             "metadata": rollout.metadata,
             "policy_versions": rollout.policy_versions,
             "logprobs": rollout.logprobs,
+            "action_masks": rollout.action_masks,
             "rewards": sampled.rewards,
             "task_rewards": sampled.task_rewards,
             "reward_components": sampled.reward_components,
@@ -128,6 +156,7 @@ def load_sampled(path: Path) -> SampledStep:
         saved["metadata"],
         saved["policy_versions"],
         saved["logprobs"],
+        saved.get("action_masks", []),
     )
     return SampledStep(
         rollout,

@@ -5,6 +5,7 @@ be had fails the job at once, naming the field."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from rlhf_trainer.data.prompts import PromptItem, Tokenizer, fit_prompts, load_prompts
 from rlhf_trainer.seeds import mix
@@ -27,9 +28,13 @@ def split_held_out(
 
 
 def load_held_out(
-    spec: RLHFJobSpec, prompts: list[PromptItem], tokenizer: Tokenizer | None
+    spec: RLHFJobSpec,
+    prompts: list[PromptItem],
+    tokenizer: Tokenizer | None,
+    load: Callable[..., list[PromptItem]] = load_prompts,
 ) -> tuple[list[PromptItem], list[PromptItem]]:
-    """The prompts to train on and the held-out ones (none without `spec.evaluation`).
+    """The prompts to train on and the held-out ones (none without `spec.evaluation`), a file
+    of them read with `load` (`load_prompts`'s signature; an environment renders its own).
     ValueError naming the field when the held-out set cannot be had."""
     evaluation = spec.evaluation
     if evaluation is None:
@@ -39,7 +44,7 @@ def load_held_out(
     else:
         assert evaluation.source is not None  # the API requires one of them
         try:
-            held = load_prompts(
+            held = load(
                 evaluation.source,
                 spec.dataset.prompt_field,
                 tokenizer=tokenizer,

@@ -64,8 +64,15 @@ def load_jsonl_prompts(
     metadata. Blank lines are skipped; anything else malformed raises ``ValueError`` naming the
     file and line.
     """
-    items = []
-    with Path(path).open(encoding="utf-8") as lines:
+    return [
+        _record_item(record, prompt_field, tokenizer, chat_template, where)
+        for where, record in _jsonl_records(Path(path), prompt_field)
+    ]
+
+
+def _jsonl_records(path: Path, prompt_field: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each record of a JSON-lines file with where it is (``file:line``)."""
+    with path.open(encoding="utf-8") as lines:
         for line_number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -78,8 +85,19 @@ def load_jsonl_prompts(
                 raise ValueError(f"{where}: expected a JSON object")
             if prompt_field not in record:
                 raise ValueError(f"{where}: no {prompt_field!r} field")
-            items.append(_record_item(record, prompt_field, tokenizer, chat_template, where))
-    return items
+            yield where, record
+
+
+def read_records(source: str, prompt_field: str = "prompt") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each record of a JSON-lines or Parquet file as it is (none rendered), with where it is:
+    what an environment starts its trajectories from (`rlhf_trainer.environments`)."""
+    path = Path(source)
+    if path.suffix.lower() != PARQUET_SUFFIX:
+        yield from _jsonl_records(path, prompt_field)
+        return
+    for row_number, record in enumerate(_parquet_records(path, prompt_field), start=1):
+        record[prompt_field] = _without_null_message_fields(record[prompt_field])
+        yield f"{path}: row {row_number}", record
 
 
 def load_parquet_prompts(

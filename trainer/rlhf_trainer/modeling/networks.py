@@ -58,7 +58,12 @@ def model_config(spec: ModelSpec) -> Any:
     return AutoConfig.from_pretrained(spec.policy)
 
 
-def check_context_window(config: Any, prompt_tokens: int, response_tokens: int) -> None:
+def check_context_window(
+    config: Any,
+    prompt_tokens: int,
+    response_tokens: int,
+    response_field: str = "algorithm.maxResponseLength",
+) -> None:
     """ValueError when a prompt and its response can exceed the policy's context window:
     generation would fail (vLLM refuses the request) or run past the positions the model has.
     The API refuses it at apply where the window is in `randomInit`; this is the check for a
@@ -73,8 +78,8 @@ def check_context_window(config: Any, prompt_tokens: int, response_tokens: int) 
     )
     if window is not None and prompt_tokens + response_tokens > window:
         raise ValueError(
-            "spec.algorithm.maxResponseLength: algorithm.maxPromptLength + "
-            f"algorithm.maxResponseLength ({prompt_tokens} + {response_tokens}) exceed the "
+            f"spec.{response_field}: algorithm.maxPromptLength + "
+            f"{response_field} ({prompt_tokens} + {response_tokens}) exceed the "
             f"policy's context window of {window} tokens (its config's "
             f"{' or '.join(CONTEXT_WINDOW_KEYS)})"
         )

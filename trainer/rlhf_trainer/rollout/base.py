@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from rlhf_trainer.data.tokenizer import truncate_at_stop_strings
+from rlhf_trainer.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,25 @@ class SamplingParams:
     max_tokens: int = 16
     seed: int | None = None
     """Seeds the engine's sampler for this call, so a resumed run samples the same tokens."""
+    prompt_seeds: tuple[int, ...] = ()
+    """One seed per prompt instead (multi-turn rollouts): a prompt's samples then depend on
+    its own seed, not on which other prompts share the call (`prompt_sample_seed`). Engines
+    split over the call slice them with the prompts (`for_prompts`)."""
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = True
     """Whether the engine reports each token's log-prob. The trainer recomputes the behaviour
     log-probs itself, so it asks for none: vLLM's full-vocabulary log-softmax per generated
     token costs about 40 % of its throughput."""
+
+    def for_prompts(self, start: int, stop: int, seed: int | None) -> SamplingParams:
+        """This sampling for prompts ``[start, stop)`` of the call, with the call seed `seed`."""
+        seeds = self.prompt_seeds[start:stop] if self.prompt_seeds else ()
+        return dataclasses.replace(self, seed=seed, prompt_seeds=seeds)
+
+
+def prompt_sample_seed(prompt_seed: int, sample: int) -> int:
+    """The seed of sample `sample` (of `n`) of a prompt seeded with `prompt_seed`."""
+    return derive_seed(prompt_seed, sample)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -52,6 +51,7 @@ from rlhf_trainer.rollout.sync_plan import (
 )
 from rlhf_trainer.rollout.vllm_engine import VLLMEngine
 from rlhf_trainer.seeds import derive_seed
+from rlhf_trainer.topology import response_budget
 from rlhfjob.api import RLHFJobSpec
 
 BUCKET_BYTES = 1 << 30
@@ -74,7 +74,7 @@ class ColocatedEngine:
             self.engine = VLLMEngine(
                 source,
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
-                max_model_len=algorithm.max_prompt_length + algorithm.max_response_length,
+                max_model_len=algorithm.max_prompt_length + response_budget(spec),
                 seed=derive_seed(spec.algorithm.seed, rank) % 2**31,
                 colocated=True,
             )
@@ -276,7 +276,8 @@ class ColocatedRollout:
         chunks = plan_chunks(len(prompts), self.desired)
         refs = [
             self.policy.actors[chunk.index].generate.remote(
-                prompts[chunk.start : chunk.stop], replace(sampling, seed=chunk.seed(sampling.seed))
+                prompts[chunk.start : chunk.stop],
+                sampling.for_prompts(chunk.start, chunk.stop, chunk.seed(sampling.seed)),
             )
             for chunk in chunks
         ]

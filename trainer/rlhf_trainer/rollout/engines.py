@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from rlhf_trainer.modeling.logprobs import logprobs_from_logits
-from rlhf_trainer.rollout.base import Completion, SamplingParams
+from rlhf_trainer.rollout.base import Completion, SamplingParams, prompt_sample_seed
 from rlhf_trainer.rollout.model_source import GREEDY_TEMPERATURE, ModelSource
 from rlhf_trainer.rollout.sync_plan import SyncPlan, dtype_name
 from rlhf_trainer.rollout.vllm_engine import VLLMEngine
@@ -108,13 +108,14 @@ class HFEngine:
             raise ValueError("max_tokens and n must be at least 1")
         if any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("every prompt needs at least one token")
-        seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8)) >> 2
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        generators = chosen = self._generators(len(prompts), sampling)
         rows = [prompt for prompt in prompts for _ in range(sampling.n)]
         sampled: list[tuple[list[int], list[float]]] = []
         for start in range(0, len(rows), self.max_batch_size):
             batch = rows[start : start + self.max_batch_size]
-            sampled.extend(self._sample_batch(batch, sampling, generator))
+            if sampling.prompt_seeds:  # one generator per row
+                chosen = generators[start : start + self.max_batch_size]
+            sampled.extend(self._sample_batch(batch, sampling, chosen))
         return [
             [
                 Completion(
@@ -126,6 +127,24 @@ class HFEngine:
             ]
             for i in range(len(prompts))
         ]
+
+    def _generators(self, prompts: int, sampling: SamplingParams) -> list[torch.Generator]:
+        """One generator for the call (`seed`), or one per row (`prompt_seeds`): a row's
+        samples then depend on its prompt's seed alone, not on the rest of the batch."""
+
+        def generator(seed: int) -> torch.Generator:
+            return torch.Generator(device=self.device).manual_seed(seed)
+
+        if sampling.prompt_seeds:
+            if len(sampling.prompt_seeds) != prompts:
+                raise ValueError(f"{len(sampling.prompt_seeds)} prompt seeds for {prompts} prompts")
+            return [
+                generator(prompt_sample_seed(seed, sample))
+                for seed in sampling.prompt_seeds
+                for sample in range(sampling.n)
+            ]
+        seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8)) >> 2
+        return [generator(seed)]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy tensors into the parameters of the same Hugging Face name, then adopt `version`.
@@ -199,9 +218,13 @@ class HFEngine:
             target.copy_(tensor)
 
     def _sample_batch(
-        self, prompts: Sequence[list[int]], sampling: SamplingParams, generator: torch.Generator
+        self,
+        prompts: Sequence[list[int]],
+        sampling: SamplingParams,
+        generators: list[torch.Generator],
     ) -> list[tuple[list[int], list[float]]]:
-        """Decode one batch of rows; returns (token ids, log-probs) per row."""
+        """Decode one batch of rows, drawing from one generator or one per row; returns
+        (token ids, log-probs) per row."""
         rows = len(prompts)
         width = max(len(prompt) for prompt in prompts)
         input_ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)
@@ -230,10 +253,8 @@ class HFEngine:
             if greedy:
                 token = logits.argmax(dim=-1)
             else:
-                probs = torch.softmax(logits / temperature, dim=-1)
-                token = torch.multinomial(
-                    _top_p_filter(probs, sampling.top_p), 1, generator=generator
-                ).squeeze(-1)
+                probs = _top_p_filter(torch.softmax(logits / temperature, dim=-1), sampling.top_p)
+                token = _draw(probs, generators)
             tokens.append(token)
             logprobs.append(logprobs_from_logits(logits, token, temperature))
             newly_stopped = torch.isin(token.cpu(), stop) & ~finished
@@ -261,6 +282,18 @@ class HFEngine:
             )
             for row in range(rows)
         ]
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row: from one generator for the batch, or each row from its own."""
+    if len(generators) == 1:
+        return torch.multinomial(probs, 1, generator=generators[0]).squeeze(-1)
+    return torch.cat(
+        [
+            torch.multinomial(row, 1, generator=generator)
+            for row, generator in zip(probs, generators, strict=True)
+        ]
+    )
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rlhf_trainer.elastic import (
@@ -280,7 +280,7 @@ class RolloutFleet(ElasticPool[Engine]):
         chunks = plan_chunks(len(prompts), self.desired)
 
         def call(engine: Engine, chunk: Chunk) -> Any:
-            seeded = replace(sampling, seed=chunk.seed(sampling.seed))
+            seeded = sampling.for_prompts(chunk.start, chunk.stop, chunk.seed(sampling.seed))
             return engine.actor.generate.remote(prompts[chunk.start : chunk.stop], seeded)
 
         results = self.fan_out(

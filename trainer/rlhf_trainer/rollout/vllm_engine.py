@@ -112,7 +112,7 @@ class VLLMEngine:
             )
         if not prompts:
             return []
-        if sampling.seed is not None:
+        if sampling.seed is not None and not sampling.prompt_seeds:
             # One seed for the whole call, not one per request: vLLM draws the noise of seeded
             # requests request by request (a kernel each, every token), which cost 27 % of the
             # rollout at the GRPO shape. The call stays reproducible given seed, weights and
@@ -130,8 +130,11 @@ class VLLMEngine:
                 stop_token_ids=list(sampling.stop_token_ids),
                 ignore_eos=True,  # stop only where the caller says (no tokenizer EOS guessing)
                 detokenize=False,
+                # Multi-turn rollouts seed each request (its trajectory and turn), so that a
+                # turn does not depend on which others share the call; that costs throughput.
+                seed=prompt_seed % 2**63 if prompt_seed is not None else None,
             )
-            for _ in prompts
+            for prompt_seed in (sampling.prompt_seeds or [None] * len(prompts))
         ]
         outputs = self._llm.generate(
             [{"prompt_token_ids": list(prompt)} for prompt in prompts], params, use_tqdm=False

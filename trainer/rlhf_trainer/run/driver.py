@@ -129,6 +129,7 @@ def train(job: RLHFJob, context: RunContext | None = None) -> int:
     from rlhf_trainer.run.loop import Trainer
     from rlhf_trainer.run.metrics import serve_metrics
     from rlhf_trainer.run.startup import NonRetryableError, load_inputs
+    from rlhf_trainer.sandbox.client import SandboxError
 
     context = context if context is not None else RunContext()
 
@@ -156,9 +157,9 @@ def train(job: RLHFJob, context: RunContext | None = None) -> int:
             code = ExitCode.TERMINATED
             by = stop.signal_name or "the operator's request (a drain)"
             message = f"stopped by {by} at step {trainer.step} ({done})"
-    except (NonRetryableError, RewardFunctionError) as error:
+    except (NonRetryableError, RewardFunctionError, SandboxError) as error:
         # A reward source that breaks while scoring (it raised, a server refused the request
-        # with a 4xx) is not fixed by a restart either.
+        # with a 4xx), or a sandbox that refuses the job's token, is not fixed by a restart.
         code, message = ExitCode.NON_RETRYABLE, str(error)
     except KeyboardInterrupt as error:
         code, message = ExitCode.TERMINATED, str(error) or "interrupted"

@@ -22,7 +22,7 @@ from rlhf_trainer.algo.experience import Rollout
 from rlhf_trainer.data.prompts import PromptItem
 from rlhf_trainer.rollout.base import SamplingParams
 from rlhf_trainer.run import metrics as m
-from rlhf_trainer.run.sampling import Phase, Sampler
+from rlhf_trainer.run.sampling import Phase, Sampler, score_rollout
 from rlhf_trainer.seeds import mix
 from rlhfjob.api import EvaluationSpec
 
@@ -68,7 +68,7 @@ class Evaluator:
 
     def _scored(self, step: int, greedy: bool) -> tuple[Rollout, torch.Tensor]:
         rollout = self.sampler.complete(self.prompts, self._sampling(step, greedy))
-        rewards = self.reward(rollout.prompts, rollout.responses, rollout.metadata)
+        rewards = score_rollout(self.reward, rollout, self.sampler.spec.environment)
         return rollout, torch.tensor(rewards, dtype=torch.float64)
 
     def evaluate(self, step: int) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def needs_old_logprobs(algorithm: AlgorithmSpec, sampled: SampledStep, version: 
 def rollout_batch(sampled: SampledStep) -> Batch:
     """The rollout as tensors, with the behaviour's log-probs when the engines gave them."""
     rollout = sampled.rollout
-    batch = build_batch(rollout.prompts, rollout.responses)
+    batch = build_batch(rollout.prompts, rollout.responses, rollout.action_masks)
     if rollout.logprobs:  # the behaviour policy's, for the decoupled objective
         columns = batch.action_mask.shape[1]
         behaviour = on_response_columns(rollout.prompts, rollout.logprobs, columns)

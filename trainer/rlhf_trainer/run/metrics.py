@@ -33,6 +33,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from rlhf_trainer.run.curves import EVALUATION_KIND
+from rlhf_trainer.run.episode_metrics import EPISODE_METRIC_NAMES, EpisodeSeries
 
 # Metric names: the single source of truth.
 STEP = "rlhf_trainer_step"
@@ -87,6 +88,7 @@ METRIC_NAMES = (
     EVALUATION,
     EVALUATION_STEP,
     TRACKING_FAILURES_TOTAL,
+    *EPISODE_METRIC_NAMES,
 )
 
 RAY_OBJECT_STORE_MEMORY = "ray_object_store_memory"
@@ -303,7 +305,7 @@ class TrainerSeries:
         )
 
 
-class TrainerMetrics(TrainerSeries):
+class TrainerMetrics(TrainerSeries, EpisodeSeries):
     """All trainer metrics for one run, plus the per-step JSON-lines record.
 
     Durations and counts reported during a step (phases, generation, weight sync, checkpoints)
@@ -332,6 +334,7 @@ class TrainerMetrics(TrainerSeries):
         self._step_series(self.registry)
         self._score_series(self.registry)
         self._run_series(self.registry)
+        self._episode_series(self.registry)
         self._step_started_at = self._clock()
         self._pending = self._empty_step_record()
 

@@ -9,7 +9,7 @@ generated now or ahead of its step is `rlhf_trainer.run.ahead`'s concern, not th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -24,13 +24,15 @@ from rlhf_trainer.algo.experience import (
 )
 from rlhf_trainer.algo.formulas import groups_with_signal, overlong_penalty
 from rlhf_trainer.data.prompts import DataPosition, PromptItem, PromptIterator
+from rlhf_trainer.environments.episodes import EPISODE_KEY
+from rlhf_trainer.environments.episodes import figures as episode_figures
 from rlhf_trainer.rollout.base import Rollout as Engines
 from rlhf_trainer.rollout.base import SamplingParams, truncate_completions
 from rlhf_trainer.rollout.partial import generate_in_segments
 from rlhf_trainer.run import metrics as m
 from rlhf_trainer.run.startup import Inputs
 from rlhf_trainer.seeds import generation_seed
-from rlhfjob.api import AlgorithmSpec, RLHFJobSpec
+from rlhfjob.api import AlgorithmSpec, EnvironmentSpec, RLHFJobSpec
 
 Phase = Callable[[str], AbstractContextManager[None]]
 """Times a named phase of the step (metrics and the heartbeat's phase)."""
@@ -38,12 +40,31 @@ BetweenSegments = Callable[[], bool]
 """Called at each segment boundary of a partial rollout; True once the weights were synced."""
 
 
+def score_rollout(
+    reward: Callable[..., Sequence[float]],
+    rollout: Rollout,
+    environment: EnvironmentSpec | None,
+) -> list[float]:
+    """Each row's reward: of its prompt and response, or for a trajectory its first prompt and
+    the model's last turn (its answer), with what the environment did in the record's
+    `episode`; a truncated trajectory gets `environment.truncatedReward` where that is set."""
+    scores = [float(s) for s in reward(rollout.prompts, rollout.final_turns(), rollout.metadata)]
+    fixed = environment.truncated_reward if environment is not None else None
+    if fixed is None:
+        return scores
+    return [
+        fixed if (record.get(EPISODE_KEY) or {}).get("truncated") else score
+        for score, record in zip(scores, rollout.metadata, strict=True)
+    ]
+
+
 def shaped_rewards(rewards: Tensor, rollout: Rollout, algorithm: AlgorithmSpec) -> Tensor:
     """The rewards with DAPO's overlong penalty added, when the spec asks for it."""
     shaping = algorithm.overlong_shaping
     if shaping is None:
         return rewards
-    lengths = torch.tensor([len(response) for response in rollout.responses])
+    masks = rollout.action_masks  # a trajectory's length is the model's tokens
+    lengths = torch.tensor([sum(m) for m in masks] if masks else list(map(len, rollout.responses)))
     penalty = overlong_penalty(
         lengths, algorithm.max_response_length, shaping.buffer_length, shaping.penalty
     )
@@ -102,6 +123,9 @@ class Sampler:
         rewards: list[Tensor] = []
         breakdowns: list[dict[str, float]] = []
         with_signal = resumed = 0
+        episodes = self.inputs.episodes
+        if episodes is not None and episodes.sandbox_figures is not None:
+            episodes.sandbox_figures()  # the step's calls from here (not an evaluation's)
         for index in range(dynamic.max_generation_batches if dynamic else 1):
             rollout, resumed_now = self._generate(step, index, between_segments)
             resumed += resumed_now
@@ -110,9 +134,12 @@ class Sampler:
             task_rewards.append(scored)
             breakdowns.append(breakdown)
             rewards.append(shaped_rewards(scored, rollout, algorithm))
-            in_segments = {"resumed_responses": resumed} if between_segments else {}
+            in_segments: dict[str, float] = (
+                {"resumed_responses": resumed} if between_segments else {}
+            )
             if dynamic is None:
-                return SampledStep(rollout, rewards[0], scored, breakdowns[0], in_segments)
+                report = in_segments | self._episode_figures(rollout)
+                return SampledStep(rollout, rewards[0], scored, breakdowns[0], report)
             with_signal += int(groups_with_signal(rewards[-1], group_size).sum())
             if with_signal >= algorithm.prompts_per_step:
                 break
@@ -120,27 +147,34 @@ class Sampler:
         signal = groups_with_signal(every_reward, group_size).tolist()
         groups, refilled = choose_groups(signal, algorithm.prompts_per_step)
         rows = torch.tensor([g * group_size + i for g in groups for i in range(group_size)])
+        every = Rollout.concatenate(rollouts)
         report = {
             "generation_batches": len(rollouts),
             "dropped_groups": len(signal) - sum(signal),
             "refilled_groups": refilled,
         } | in_segments
         return SampledStep(
-            Rollout.concatenate(rollouts).groups(groups, group_size),
+            every.groups(groups, group_size),
             every_reward[rows],
             torch.cat(task_rewards),
             {name: sum(b[name] for b in breakdowns) / len(breakdowns) for name in breakdowns[0]},
-            report,
+            report | self._episode_figures(every),
         )
+
+    def _episode_figures(self, rollout: Rollout) -> dict[str, float]:
+        """The step's `env_*` figures: its trajectories', and the sandbox client's."""
+        episodes = self.inputs.episodes
+        if episodes is None:
+            return {}
+        sandbox = episodes.sandbox_figures() if episodes.sandbox_figures is not None else {}
+        return episode_figures(rollout.metadata) | sandbox
 
     def _score(self, rollout: Rollout) -> tuple[Tensor, dict[str, float]]:
         """The reward function's score of each response, and each part's mean."""
         with self.phase(m.PHASE_REWARD):
             if self.reward_models is not None:
                 self.reward_models.maintain()  # replacements rejoin, without waiting
-            scored = torch.tensor(
-                self.inputs.reward(rollout.prompts, rollout.responses, rollout.metadata)
-            )
+            scored = torch.tensor(score_rollout(self.inputs.reward, rollout, self.spec.environment))
         return scored, dict(self.inputs.reward.last_breakdown)
 
     def sampling_params(self, step: int, batch: int = 0) -> SamplingParams:
@@ -169,6 +203,8 @@ class Sampler:
         sampling: SamplingParams,
         between_segments: BetweenSegments | None,
     ) -> tuple[Rollout, int]:
+        if self.inputs.episodes is not None:  # multi-turn (spec.environment), on-policy
+            return self.inputs.episodes.run(self.engines.generate, items, sampling), 0
         algorithm = self.algorithm
         prompts = [item.prompt for item in items]
         resumed = 0
@@ -203,4 +239,5 @@ class Sampler:
             rollout, resumed = self._complete(items, sampling, between_segments)
         seconds = time.perf_counter() - started - (self.paused_seconds - paused_before)
         self.metrics.record_generation(rollout.num_generated_tokens, seconds)
+        self.metrics.record_episodes([r[EPISODE_KEY] for r in rollout.metadata if EPISODE_KEY in r])
         return rollout, resumed

@@ -29,6 +29,8 @@ from rlhf_trainer.algo.losses import POLICY_LOSSES
 from rlhf_trainer.data.heldout import load_held_out
 from rlhf_trainer.data.prompts import PromptCounts, PromptItem, fit_prompts, load_prompts
 from rlhf_trainer.data.tokenizer import check_stop_strings, decoder, load_tokenizer, stop_token_ids
+from rlhf_trainer.environments.episodes import EpisodeRunner
+from rlhf_trainer.environments.loading import load_environment
 from rlhf_trainer.modeling.networks import (
     check_context_window,
     check_fused_logprobs,
@@ -91,6 +93,8 @@ class Inputs:
     """Token ids to text with the job's tokenizer (None: the job has none)."""
     held_out: list[PromptItem] = field(default_factory=list)
     """The held-out prompts `spec.evaluation` scores; never trained on."""
+    episodes: EpisodeRunner | None = None
+    """Samples multi-turn trajectories (`spec.environment`); None: one response a sample."""
 
 
 def check_ray_version(spec: RLHFJobSpec, installed: str | None = None) -> None:
@@ -118,7 +122,9 @@ def load_inputs(
         ESTIMATORS[spec.algorithm.name]  # UnknownNameError: no estimator of that name
         POLICY_LOSSES[spec.algorithm.policy_loss]  # nor a policy loss
         reward = build_reward(spec, decode)
-        prompts = load_prompts(
+        environment = load_environment(spec, tokenizer) if spec.environment else None
+        load = environment.load if environment is not None else load_prompts
+        prompts = load(
             spec.dataset.source,
             spec.dataset.prompt_field,
             tokenizer=tokenizer,
@@ -129,7 +135,9 @@ def load_inputs(
         prompts, counts = fit_prompts(
             prompts, spec.algorithm.max_prompt_length, spec.dataset.overlong_prompts
         )
-        prompts, held_out = load_held_out(spec, prompts, tokenizer)
+        prompts, held_out = load_held_out(spec, prompts, tokenizer, load)
+        stops = stop_token_ids(spec, tokenizer)
+        episodes = environment.episodes(spec, stops, decode) if environment else None
     except (RewardFunctionError, ValueError, OSError) as error:
         raise NonRetryableError(str(error)) from error
     if counts.truncated or counts.skipped:
@@ -144,10 +152,11 @@ def load_inputs(
     return Inputs(
         reward=reward,
         prompts=prompts,
-        stop_token_ids=stop_token_ids(spec, tokenizer),
+        stop_token_ids=stops,
         prompt_counts=counts,
         decode=decode,
         held_out=held_out,
+        episodes=episodes,
     )
 
 
@@ -165,7 +174,11 @@ def check_model_config(spec: RLHFJobSpec) -> None:
         check_kernels(spec.model.kernels, model_type)
         check_fused_logprobs(spec.model.fused_logprobs, model_type)
         algorithm = spec.algorithm
-        check_context_window(config, algorithm.max_prompt_length, algorithm.max_response_length)
+        field = (
+            "environment.maxTrajectoryTokens" if spec.environment else "algorithm.maxResponseLength"
+        )
+        budget = topology.response_budget(spec)
+        check_context_window(config, algorithm.max_prompt_length, budget, field)
     except (ValueError, OSError) as error:
         raise NonRetryableError(str(error)) from error
 

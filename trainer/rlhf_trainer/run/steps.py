@@ -20,8 +20,9 @@ class StepResult:
     version_lag: int
     reward_components: dict[str, float] = field(default_factory=dict)
     """Each part's mean score before weighting (one entry for a single-source reward)."""
-    sampling: dict[str, int] = field(default_factory=dict)
-    """What dynamic sampling did: rollouts generated, groups dropped and refilled."""
+    sampling: dict[str, float] = field(default_factory=dict)
+    """What dynamic sampling did (rollouts generated, groups dropped and refilled) and the
+    environment's figures (turns, tool calls, truncations)."""
     staleness: dict[int, int] = field(default_factory=dict)
     """How many samples lagged the policy by how many updates (`{0: n}` on-policy)."""
     samples: list[dict[str, Any]] = field(default_factory=list)
@@ -72,6 +73,11 @@ def progress_line(record: dict[str, Any], total_steps: int) -> str:
     if record.get("dropped_groups"):  # dynamic sampling
         parts.append(
             f"{record['dropped_groups']} groups dropped in {record['generation_batches']} rollouts"
+        )
+    if record.get("env_turns_mean") is not None:  # multi-turn trajectories
+        parts.append(
+            f"turns {record['env_turns_mean']:.2f}, tool calls {record['env_tool_calls']:.0f}"
+            f", truncated {record['env_truncated']:.0f}"
         )
     slowest = sorted(record.get("phase_seconds", {}).items(), key=lambda item: -item[1])[:3]
     breakdown = ", ".join(f"{name} {seconds:.2f}" for name, seconds in slowest)
