@@ -75,6 +75,7 @@ from pathlib import Path
 
 from rlhf_local import procs, versions
 from rlhf_local.paths import E2E_DIR, REPO_ROOT, cache_dir
+from rlhf_local.paths import digest as key_digest
 
 KUBE_SRC = E2E_DIR / "go" / "kube" / "main.go"
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
@@ -152,11 +153,7 @@ def _go_version() -> str:
 
 
 def _hash(*parts: str | bytes) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part if isinstance(part, bytes) else part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:10]
+    return key_digest(*parts, length=10)
 
 
 def kube_key(go_version: str) -> str:

@@ -28,7 +28,6 @@ For tests (an e2e test runs the operator from its image)::
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_local import procs
-from rlhf_local.paths import REPO_ROOT, cache_dir
+from rlhf_local.paths import REPO_ROOT, cache_dir, digest
 
 #: The stand-in base's Debian suite: its Python is 3.11, the version the images' locks are for.
 DEBIAN_SUITE = "bookworm"
@@ -116,11 +115,7 @@ def _log(message: str) -> None:
 
 
 def _digest(*parts: str | bytes) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part if isinstance(part, bytes) else part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+    return digest(*parts, length=16)
 
 
 # --------------------------------------------------------------------------------------------

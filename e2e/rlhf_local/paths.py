@@ -10,6 +10,7 @@ running cluster's certificates, kubeconfigs, logs and pid files; it is gitignore
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import os
@@ -23,6 +24,16 @@ from types import ModuleType
 #: The e2e/ directory of the repository (this package lives in e2e/rlhf_local).
 E2E_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = E2E_DIR.parent
+
+
+def digest(*parts: str | bytes, length: int) -> str:
+    """A short hex key of `parts` (each NUL-terminated, so ("ab", "c") != ("a", "bc")): the
+    cache keys of built binaries and images."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:length]
 
 
 def cache_dir() -> Path:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,21 +120,34 @@ def write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
             out.write(json.dumps(item) + "\n")
 
 
-def write_splits(out_dir: Path | str, train: int, test: int, seed: int = 0) -> tuple[Path, Path]:
-    """Write ``train.jsonl`` and ``test.jsonl`` under ``out_dir``; returns their paths."""
+Records = list[dict[str, Any]]
+SplitsFn = Callable[[int, int, int], tuple[Records, Records]]
+
+
+def write_task_splits(
+    splits_of: SplitsFn, out_dir: Path | str, train: int, test: int, seed: int = 0
+) -> tuple[Path, Path]:
+    """Write a task's ``train.jsonl`` and ``test.jsonl`` (from `splits_of`) under `out_dir`;
+    returns their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    train_records, test_records = splits(train, test, seed)
+    train_records, test_records = splits_of(train, test, seed)
     train_path, test_path = out_dir / "train.jsonl", out_dir / "test.jsonl"
     write_jsonl(train_path, train_records)
     write_jsonl(test_path, test_records)
     return train_path, test_path
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def write_splits(out_dir: Path | str, train: int, test: int, seed: int = 0) -> tuple[Path, Path]:
+    """Write the arithmetic task's ``train.jsonl`` and ``test.jsonl`` under ``out_dir``."""
+    return write_task_splits(splits, out_dir, train, test, seed)
+
+
+def splits_main(task: str, splits_of: SplitsFn, argv: Sequence[str] | None) -> int:
+    """``python -m rlhf_trainer.data.<task> OUT_DIR --train N --test N --seed S``."""
     parser = argparse.ArgumentParser(
-        prog="python -m rlhf_trainer.data.arithmetic",
-        description="Write arithmetic train.jsonl and test.jsonl (disjoint questions).",
+        prog=f"python -m rlhf_trainer.data.{task}",
+        description=f"Write {task} train.jsonl and test.jsonl (disjoint questions).",
     )
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--train", type=int, default=2000)
@@ -142,12 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        paths = write_splits(args.out_dir, args.train, args.test, args.seed)
+        paths = write_task_splits(splits_of, args.out_dir, args.train, args.test, args.seed)
     except ValueError as error:
         parser.error(str(error))
     for path in paths:
         print(path)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return splits_main("arithmetic", splits, argv)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ only on the seed::
 
 from __future__ import annotations
 
-import argparse
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer.data.arithmetic import write_jsonl
+from rlhf_trainer.data.arithmetic import splits_main, write_task_splits
 
 INSTRUCTION = "Use the calculator, then answer with just the number."
 LEFT = (100, 9999)
@@ -62,32 +61,11 @@ def splits(
 
 def write_splits(out_dir: Path | str, train: int, test: int, seed: int = 0) -> tuple[Path, Path]:
     """Write ``train.jsonl`` and ``test.jsonl`` under `out_dir`; returns their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train_records, test_records = splits(train, test, seed)
-    paths = out_dir / "train.jsonl", out_dir / "test.jsonl"
-    write_jsonl(paths[0], train_records)
-    write_jsonl(paths[1], test_records)
-    return paths
+    return write_task_splits(splits, out_dir, train, test, seed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m rlhf_trainer.data.multiplication",
-        description="Write multiplication train.jsonl and test.jsonl (disjoint questions).",
-    )
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--train", type=int, default=2000)
-    parser.add_argument("--test", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        paths = write_splits(args.out_dir, args.train, args.test, args.seed)
-    except ValueError as error:
-        parser.error(str(error))
-    for path in paths:
-        print(path)
-    return 0
+    return splits_main("multiplication", splits, argv)
 
 
 if __name__ == "__main__":
